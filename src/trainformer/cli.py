@@ -1,0 +1,83 @@
+"""`trainformer` command line: parse arguments, call one library function per verb."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from trainformer.errors import UserError
+
+EXIT_USER_ERROR = 2
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="trainformer", description="Train Transformers on TensorFlow.")
+    top.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's own logging")
+    verbs = top.add_subparsers(dest="verb", required=True)
+
+    train = verbs.add_parser("train", help="pretrain a model (resumes if RUN_DIR holds a run)")
+    train.add_argument("config", nargs="?", help="YAML file or built-in name (default: zh-bert-tiny)")
+    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config key, e.g. --set train.steps=200 (repeatable)")
+    train.add_argument("--run-dir", type=Path, help="run directory (default: runs/<config name>)")
+
+    evaluate = verbs.add_parser("eval", help="score a run's checkpoint on held-out data")
+    evaluate.add_argument("run_dir", type=Path)
+    evaluate.add_argument("--split", choices=("valid", "train"), default="valid")
+    evaluate.add_argument("--checkpoint", choices=("latest", "best"), default="latest")
+    evaluate.add_argument("--json", action="store_true", help="print one JSON object")
+
+    data = verbs.add_parser("data", help="built-in corpora")
+    data.add_argument("action", choices=("list",))
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if not args.debug:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ start-up chatter out of the log
+    try:
+        return run(args)
+    except UserError as err:
+        if args.debug:
+            raise
+        print(f"trainformer: error: {err}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("trainformer: interrupted; rerun the same command to resume from the last checkpoint", file=sys.stderr)
+        return 130
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.verb == "data":
+        from trainformer.data.recipes import RECIPES
+
+        for recipe in RECIPES.values():
+            print(f"{recipe.name:20s} {recipe.description}")
+        return 0
+
+    from trainformer.config import load_config
+
+    if args.verb == "train":
+        config = load_config(args.config, args.overrides)  # fails fast, before TensorFlow loads
+        from trainformer.train.pretrain import pretrain
+
+        pretrain(config, args.run_dir or Path("runs") / config.name)
+        return 0
+
+    from trainformer.train.pretrain import evaluate
+
+    result = evaluate(args.run_dir, split=args.split, which=args.checkpoint)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:18s} {value:.4f}" if isinstance(value, float) else f"{key:18s} {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""A corpus: documents from a recipe or the user's file, cleaned, counted and split.
+
+Cleaning never fails a run: empty, whitespace-only and undecodable lines are skipped and
+counted (the counts go to the log and the manifest). Structurally broken input (a JSONL line
+that is not JSON) is a user error naming file and line, because silently dropping it would
+hide a bug in the user's export.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from trainformer.data.recipes import RECIPES, read_recipe
+from trainformer.errors import UserError
+
+SUFFIXES = (".txt", ".jsonl")
+
+
+@dataclass
+class Corpus:
+    source: str
+    train: list[str]
+    valid: list[str]
+    skipped: Counter = field(default_factory=Counter)  # reason -> lines
+    fingerprint: str = ""  # sha256 of the cleaned documents, in order
+
+    @property
+    def num_chars(self) -> int:
+        return sum(map(len, self.train)) + sum(map(len, self.valid))
+
+    def summary(self) -> str:
+        skipped = ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items())) or "none"
+        return (
+            f"{self.source}: {len(self.train):,} train + {len(self.valid):,} valid documents, "
+            f"{self.num_chars:,} characters; skipped lines: {skipped}"
+        )
+
+
+def load_corpus(name_or_path: str, valid_fraction: float) -> Corpus:
+    """Read, clean and split a corpus given as a recipe name or a .txt/.jsonl path."""
+    if name_or_path in RECIPES:
+        raw, source = read_recipe(name_or_path)
+    else:
+        path = Path(name_or_path).expanduser()
+        if not path.is_file():
+            names = ", ".join(RECIPES)
+            raise UserError(f"data.corpus: {name_or_path}: no such file and not a recipe ({names})")
+        if path.suffix not in SUFFIXES:
+            raise UserError(f"data.corpus: {path}: unsupported file type (use {' or '.join(SUFFIXES)})")
+        raw, source = read_file(path), str(path)
+    skipped: Counter = Counter()
+    documents = list(clean(raw, skipped))
+    if not documents:
+        raise UserError(f"data.corpus: {source}: no usable text after cleaning ({dict(skipped)})")
+    train, valid = split(documents, valid_fraction)
+    if not train or not valid:
+        raise UserError(
+            f"data.corpus: {source}: {len(documents)} documents are too few to split "
+            f"with data.valid_fraction={valid_fraction} (train {len(train)}, valid {len(valid)})"
+        )
+    return Corpus(source, train, valid, skipped, fingerprint(documents))
+
+
+def read_file(path: Path) -> Iterator[str | None]:
+    """One document per line; None marks a line that is not valid UTF-8."""
+    is_jsonl = path.suffix == ".jsonl"
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                yield None
+                continue
+            if not is_jsonl or not line.strip():
+                yield line
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise UserError(f"{path}:{number}: not valid JSON ({err.msg})") from None
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                raise UserError(f"{path}:{number}: expected an object with a string \"text\" field")
+            yield record["text"]
+
+
+def clean(documents: Iterable[str | None], skipped: Counter) -> Iterator[str]:
+    """Strip each document; count and drop the unusable ones."""
+    for document in documents:
+        if document is None:
+            skipped["undecodable"] += 1
+        elif not document.strip():
+            skipped["empty"] += 1
+        else:
+            yield document.strip()
+
+
+def split(documents: list[str], valid_fraction: float) -> tuple[list[str], list[str]]:
+    """Deterministic train/valid split by content hash: the same document always lands in
+    the same split, whatever the order or size of the corpus, so duplicates never leak."""
+    train, valid = [], []
+    threshold = int(valid_fraction * 2**32)
+    for document in documents:
+        digest = hashlib.sha1(document.encode("utf-8")).digest()
+        (valid if int.from_bytes(digest[:4], "big") < threshold else train).append(document)
+    return train, valid
+
+
+def fingerprint(documents: list[str]) -> str:
+    digest = hashlib.sha256()
+    for document in documents:
+        digest.update(document.encode("utf-8"))
+        digest.update(b"\n")
+    return digest.hexdigest()

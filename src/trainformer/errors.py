@@ -1,0 +1,9 @@
+"""The one exception type that means "the user gave us something we cannot use"."""
+
+
+class UserError(Exception):
+    """Bad input from the user: the CLI prints the message as one line and exits 2.
+
+    The message must name the problem precisely enough to fix it without a
+    traceback: the file, the key or line, and what is wrong.
+    """

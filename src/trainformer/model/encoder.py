@@ -1,0 +1,90 @@
+"""The encoder backbone: token embeddings + positions + a stack of Transformer blocks."""
+
+from __future__ import annotations
+
+import keras
+
+from trainformer.model.layers import (
+    PACKAGE,
+    LearnedPositionalEmbedding,
+    PositionalEncoding,
+    ReversibleEmbedding,
+    TransformerEncoderBlock,
+)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class TransformerEncoder(keras.Model):
+    """A BERT-style encoder as a functional model (KerasHub's backbone pattern).
+
+    Args:
+        vocab_size: number of token ids.
+        max_length: the longest input sequence.
+        d_model, num_layers, num_heads, dff, dropout: the usual Transformer sizes.
+        norm: "post" (BERT, with a LayerNorm on the embeddings) or "pre" (with a final LayerNorm).
+        position: "sinusoidal" (fixed) or "learned" position vectors.
+
+    Inputs: {"token_ids": (batch, seq) int32, "padding_mask": (batch, seq) bool}.
+    Output: (batch, seq, d_model) contextual vectors.
+
+    Example:
+        encoder = TransformerEncoder(vocab_size=8000, max_length=128, d_model=256, num_layers=4,
+                                     num_heads=4, dff=1024)
+        sequence = encoder({"token_ids": ids, "padding_mask": ids != 0})
+    """
+
+    def __init__(self, vocab_size: int, max_length: int, d_model: int, num_layers: int,
+                 num_heads: int, dff: int, dropout: float = 0.1, norm: str = "post",
+                 position: str = "sinusoidal", dtype=None, **kwargs):
+        token_ids = keras.Input((None,), dtype="int32", name="token_ids")
+        padding_mask = keras.Input((None,), dtype="bool", name="padding_mask")
+        token_embedding = ReversibleEmbedding(
+            vocab_size, d_model, embeddings_initializer=keras.initializers.TruncatedNormal(stddev=0.02),
+            name="token_embedding", dtype=dtype,
+        )
+        positions = (
+            PositionalEncoding(max_length, name="position_encoding", dtype=dtype)
+            if position == "sinusoidal"
+            else LearnedPositionalEmbedding(max_length, name="position_embedding", dtype=dtype)
+        )
+        x = positions(token_embedding(token_ids))  # (batch, seq, d)
+        if norm == "post":
+            x = keras.layers.LayerNormalization(epsilon=1e-12, name="embeddings_norm", dtype=dtype)(x)
+        x = keras.layers.Dropout(dropout, name="embeddings_dropout", dtype=dtype)(x)
+        for index in range(num_layers):
+            block = TransformerEncoderBlock(num_heads, dff, dropout, norm, name=f"block_{index}", dtype=dtype)
+            x = block(x, padding_mask=padding_mask)
+        if norm == "pre":
+            x = keras.layers.LayerNormalization(epsilon=1e-12, name="final_norm", dtype=dtype)(x)
+        super().__init__(inputs={"token_ids": token_ids, "padding_mask": padding_mask}, outputs=x,
+                         dtype=dtype, **kwargs)
+        self.token_embedding = token_embedding
+        self.vocab_size = vocab_size
+        self.max_length = max_length
+        self.d_model = d_model
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.dff = dff
+        self.dropout = dropout
+        self.norm = norm
+        self.position = position
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "dtype": keras.dtype_policies.serialize(self.dtype_policy),
+            "vocab_size": self.vocab_size,
+            "max_length": self.max_length,
+            "d_model": self.d_model,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "dff": self.dff,
+            "dropout": self.dropout,
+            "norm": self.norm,
+            "position": self.position,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)

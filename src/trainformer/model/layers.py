@@ -1,0 +1,211 @@
+"""Transformer building blocks as Keras 3 layers (KerasHub conventions: every constructor
+argument stored and returned by get_config, sublayers created in build() with explicit names
+and the layer's dtype policy)."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+PACKAGE = "trainformer"
+
+
+def gelu(x):
+    """tanh-approximate GELU: exact GELU lowers to Erfc, which tf2onnx cannot convert."""
+    return keras.activations.gelu(x, approximate=True)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class PositionalEncoding(keras.layers.Layer):
+    """Adds the fixed sinusoidal position encoding of "Attention Is All You Need".
+
+    PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)).
+
+    Args:
+        max_length: the longest sequence the layer accepts.
+
+    Example:
+        x = PositionalEncoding(max_length=128)(embeddings)  # (batch, seq, d) -> same shape
+    """
+
+    def __init__(self, max_length: int, **kwargs):
+        super().__init__(**kwargs)
+        self.max_length = max_length
+
+    def build(self, input_shape):
+        depth = input_shape[-1]
+        positions = np.arange(self.max_length)[:, None]  # (max_length, 1)
+        rates = 1.0 / np.power(10000.0, np.arange(0, depth, 2) / depth)  # (depth/2,)
+        table = np.zeros([self.max_length, depth], np.float32)
+        table[:, 0::2] = np.sin(positions * rates)
+        table[:, 1::2] = np.cos(positions * rates)
+        self._table = table  # a constant, not a weight: nothing to train or checkpoint
+
+    def call(self, inputs):
+        seq_len = ops.shape(inputs)[1]
+        encoding = ops.cast(ops.convert_to_tensor(self._table)[:seq_len], inputs.dtype)
+        return inputs + encoding[None]  # (batch, seq, d)
+
+    def get_config(self):
+        return {**super().get_config(), "max_length": self.max_length}
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class LearnedPositionalEmbedding(keras.layers.Layer):
+    """Adds a trained position vector (BERT's position embeddings).
+
+    Args:
+        max_length: the longest sequence the layer accepts.
+
+    Example:
+        x = LearnedPositionalEmbedding(max_length=512)(embeddings)  # (batch, seq, d)
+    """
+
+    def __init__(self, max_length: int, initializer="glorot_uniform", **kwargs):
+        super().__init__(**kwargs)
+        self.max_length = max_length
+        self.initializer = keras.initializers.get(initializer)
+
+    def build(self, input_shape):
+        self.positions = self.add_weight(
+            name="positions", shape=(self.max_length, input_shape[-1]), initializer=self.initializer
+        )
+
+    def call(self, inputs):
+        seq_len = ops.shape(inputs)[1]
+        return inputs + ops.cast(self.positions[:seq_len], inputs.dtype)[None]
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "max_length": self.max_length,
+            "initializer": keras.initializers.serialize(self.initializer),
+        }
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class ReversibleEmbedding(keras.layers.Embedding):
+    """A token embedding that can also project hidden states back onto the vocabulary, so an
+    output head shares (ties) the input embedding matrix.
+
+    Logits are computed in float32 under mixed precision: softmax over a large vocabulary in
+    bf16 loses the small probabilities the loss needs.
+
+    Example:
+        embed = ReversibleEmbedding(vocab_size, d_model)
+        x = embed(token_ids)              # (batch, seq) -> (batch, seq, d)
+        logits = embed(x, reverse=True)   # (batch, seq, d) -> (batch, seq, vocab) float32
+    """
+
+    def call(self, inputs, reverse: bool = False):
+        if not reverse:
+            return super().call(inputs)
+        matrix = ops.cast(self.embeddings, "float32")  # (vocab, d)
+        return ops.matmul(ops.cast(inputs, "float32"), ops.transpose(matrix))
+
+    def compute_output_shape(self, input_shape, reverse: bool = False):
+        if reverse:
+            return (*input_shape[:-1], self.input_dim)
+        return super().compute_output_shape(input_shape)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class TransformerEncoderBlock(keras.layers.Layer):
+    """Self-attention + GELU feed-forward, each with dropout and a residual connection.
+
+    Args:
+        num_heads: attention heads; the model width must divide by it.
+        dff: inner width of the feed-forward network.
+        dropout: dropout rate on attention probabilities and on both residual branches.
+        norm: "post" (LayerNorm after each residual add: BERT and the seed article) or "pre"
+            (LayerNorm before each sublayer: more stable at high learning rates and depth).
+        epsilon: LayerNorm epsilon.
+
+    Query, key and value come from one fused (d, 3d) projection: one matmul instead of three,
+    with the same parameter count as separate ones.
+
+    Example:
+        block = TransformerEncoderBlock(num_heads=8, dff=2048)
+        y = block(x, padding_mask=mask)  # x (batch, seq, d), mask (batch, seq) bool -> (batch, seq, d)
+    """
+
+    def __init__(self, num_heads: int, dff: int, dropout: float = 0.1, norm: str = "post",
+                 epsilon: float = 1e-12, **kwargs):
+        super().__init__(**kwargs)
+        if norm not in ("post", "pre"):
+            raise ValueError(f"norm must be 'post' or 'pre', got {norm!r}")
+        self.num_heads = num_heads
+        self.dff = dff
+        self.dropout = dropout
+        self.norm = norm
+        self.epsilon = epsilon
+
+    def build(self, input_shape):
+        d_model = input_shape[-1]
+        if d_model % self.num_heads:
+            raise ValueError(f"width {d_model} is not divisible by num_heads={self.num_heads}")
+        self.head_dim = d_model // self.num_heads
+        policy = self.dtype_policy
+
+        def dense(units, name, activation=None):
+            return keras.layers.Dense(units, activation=activation, name=name, dtype=policy)
+
+        def layer_norm(name):
+            return keras.layers.LayerNormalization(epsilon=self.epsilon, name=name, dtype=policy)
+
+        self._qkv = dense(3 * d_model, "qkv")
+        self._qkv.build(input_shape)
+        self._attention_output = dense(d_model, "attention_output")
+        self._attention_output.build(input_shape)
+        self._attention_norm = layer_norm("attention_norm")
+        self._attention_norm.build(input_shape)
+        self._ffn_inner = dense(self.dff, "ffn_inner", activation=gelu)
+        self._ffn_inner.build(input_shape)
+        self._ffn_output = dense(d_model, "ffn_output")
+        self._ffn_output.build((*input_shape[:-1], self.dff))
+        self._ffn_norm = layer_norm("ffn_norm")
+        self._ffn_norm.build(input_shape)
+        self._attention_dropout = keras.layers.Dropout(self.dropout, dtype=policy)
+        self._residual_dropout = keras.layers.Dropout(self.dropout, dtype=policy)
+
+    def call(self, x, padding_mask=None, training=None):
+        x = self._residual(x, self._attention_norm, lambda h: self._attention(h, padding_mask, training), training)
+        return self._residual(x, self._ffn_norm, lambda h: self._ffn_output(self._ffn_inner(h)), training)
+
+    def _residual(self, x, norm, sublayer, training):
+        """x + dropout(sublayer(x)), with LayerNorm before the sublayer (pre) or after the add (post)."""
+        if self.norm == "pre":
+            return x + self._residual_dropout(sublayer(norm(x)), training=training)
+        return norm(x + self._residual_dropout(sublayer(x), training=training))
+
+    def _attention(self, x, padding_mask, training):
+        batch, seq_len = ops.shape(x)[0], ops.shape(x)[1]
+        qkv = ops.reshape(self._qkv(x), (batch, seq_len, 3, self.num_heads, self.head_dim))
+        query, key, value = (qkv[:, :, i] for i in range(3))  # each (batch, seq, heads, head_dim)
+        query = query * (1.0 / math.sqrt(self.head_dim))
+        scores = ops.einsum("bqhd,bkhd->bhqk", query, key)  # (batch, heads, seq, seq)
+        scores = ops.cast(scores, "float32")  # softmax in fp32 under mixed precision
+        if padding_mask is not None:
+            keep = ops.cast(padding_mask, "bool")[:, None, None, :]  # (batch, 1, 1, seq)
+            scores = ops.where(keep, scores, -1e9)
+        probs = ops.cast(ops.softmax(scores, axis=-1), x.dtype)  # (batch, heads, seq, seq)
+        probs = self._attention_dropout(probs, training=training)
+        context = ops.einsum("bhqk,bkhd->bqhd", probs, value)
+        context = ops.reshape(context, (batch, seq_len, self.num_heads * self.head_dim))
+        return self._attention_output(context)  # (batch, seq, d)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "dff": self.dff,
+            "dropout": self.dropout,
+            "norm": self.norm,
+            "epsilon": self.epsilon,
+        }

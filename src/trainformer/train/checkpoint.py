@@ -1,0 +1,66 @@
+"""Checkpoints: model, optimizer, step and dropout RNG state; latest and best.
+
+The data stream needs no state of its own: batch n is a function of the step (pipeline.py).
+
+tf.train.CheckpointManager writes the data files first and then swaps the small `checkpoint`
+state file in with an atomic rename, so a crash mid-save leaves the previous checkpoint as
+the latest one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+
+from trainformer.files import write_atomic
+
+
+def dropout_seed_states(model: keras.Model) -> list[tf.Variable]:
+    """Keras 3 dropout SeedGenerator states, which tf.train.Checkpoint does not track through
+    the model (DESIGN.md): without them dropout masks differ after a resume."""
+    return [v for v in model.non_trainable_variables if v.path.endswith("seed_generator_state")]
+
+
+class Checkpoints:
+    """The checkpoints of one run: the last `keep` by step, plus the best by valid loss."""
+
+    def __init__(self, folder: Path, keep: int, **trackables):
+        self.checkpoint = tf.train.Checkpoint(**trackables)
+        self.latest = tf.train.CheckpointManager(self.checkpoint, str(folder), max_to_keep=keep, checkpoint_name="ckpt")
+        self.best = tf.train.CheckpointManager(self.checkpoint, str(folder / "best"), max_to_keep=1, checkpoint_name="best")
+        self.best_file = folder / "best.json"
+
+    def restore_latest(self) -> str | None:
+        """Restore the newest checkpoint, if any; returns its path."""
+        path = self.latest.latest_checkpoint
+        if path:
+            self.checkpoint.restore(path).assert_existing_objects_matched()
+        return path
+
+    def save(self, step: int) -> str:
+        return self.latest.save(checkpoint_number=step)
+
+    def best_loss(self) -> float:
+        if not self.best_file.is_file():
+            return float("inf")
+        return json.loads(self.best_file.read_text())["valid_loss"]
+
+    def save_if_best(self, step: int, valid_loss: float) -> bool:
+        if not valid_loss < self.best_loss():
+            return False
+        path = self.best.save(checkpoint_number=step)
+        write_atomic(self.best_file, json.dumps({"step": step, "valid_loss": valid_loss, "path": path}) + "\n")
+        return True
+
+
+def restore_model(model: keras.Model, folder: Path, which: str = "latest") -> tuple[str, int]:
+    """Load only the model weights of a run's latest or best checkpoint: (path, step)."""
+    path = tf.train.latest_checkpoint(str(folder / "best" if which == "best" else folder))
+    if path is None:
+        raise FileNotFoundError(f"{folder}: no {which} checkpoint")
+    step = tf.Variable(0, dtype=tf.int64)
+    tf.train.Checkpoint(model=model, step=step).restore(path).expect_partial()
+    return path, int(step.numpy())

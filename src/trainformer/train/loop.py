@@ -1,0 +1,145 @@
+"""The Trainer: a custom training loop (a tf.function step under a tf.distribute strategy).
+
+Keras `fit` cannot run under MultiWorkerMirroredStrategy on this stack and cannot resume
+mid-epoch (DESIGN.md), so the loop is ours: step -> log -> eval -> checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import tensorflow as tf
+
+from trainformer.config import TrainConfig
+from trainformer.train.checkpoint import Checkpoints
+from trainformer.train.monitor import Monitor
+from trainformer.train.optim import dense_gradients
+
+SUM = tf.distribute.ReduceOp.SUM
+
+
+def masked_lm_sums(logits: tf.Tensor, targets: dict) -> dict[str, tf.Tensor]:
+    """Per-token cross-entropy and accuracy on masked positions, as sums.
+
+    logits: (batch, P, vocab) float32; targets: masked_ids (batch, P), masked_weights (batch, P).
+    """
+    weights = targets["masked_weights"]
+    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(targets["masked_ids"], logits)  # (batch, P)
+    hits = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), targets["masked_ids"]), tf.float32)
+    return {
+        "loss_sum": tf.reduce_sum(losses * weights),
+        "correct": tf.reduce_sum(hits * weights),
+        "count": tf.reduce_sum(weights),
+    }
+
+
+class Evaluator:
+    """Scores a model on fixed cloze-masked batches.
+
+    Example:
+        metrics = Evaluator(model)(batches, baseline_id)  # loss, perplexity, masked_accuracy, ...
+    """
+
+    def __init__(self, model: keras.Model):
+        self.model = model
+        self._step = tf.function(self._sums, reduce_retracing=True)
+
+    def _sums(self, inputs: dict, targets: dict, baseline_id: tf.Tensor) -> dict:
+        logits = self.model(inputs, training=False)
+        sums = masked_lm_sums(logits, targets)
+        baseline_hits = tf.cast(tf.equal(targets["masked_ids"], baseline_id), tf.float32)
+        return {**sums, "baseline_correct": tf.reduce_sum(baseline_hits * targets["masked_weights"])}
+
+    def __call__(self, batches: list, baseline_id: int) -> dict:
+        """Loss, perplexity and masked accuracy, and the accuracy of always predicting the
+        most frequent training token on the same targets."""
+        totals: dict[str, float] = {}
+        for inputs, targets in batches:
+            sums = self._step(inputs, targets, tf.constant(baseline_id, tf.int32))
+            for key, value in sums.items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+        count = max(totals["count"], 1.0)
+        loss = totals["loss_sum"] / count
+        return {
+            "loss": loss,
+            "perplexity": math.exp(min(loss, 50.0)),
+            "masked_accuracy": totals["correct"] / count,
+            "baseline_accuracy": totals["baseline_correct"] / count,
+            "num_targets": int(totals["count"]),
+        }
+
+
+class Trainer:
+    """Trains a masked-LM model with AdamW, global-norm clipping and dense embedding gradients.
+
+    Model and optimizer must have been created under `strategy.scope()`.
+    """
+
+    def __init__(self, model: keras.Model, optimizer: keras.Optimizer, strategy: tf.distribute.Strategy,
+                 config: TrainConfig):
+        self.model = model
+        self.optimizer = optimizer
+        self.strategy = strategy
+        self.config = config
+        with strategy.scope():
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+            optimizer.build(model.trainable_variables)  # create slots now, so a restore fills them
+        self._train_step = tf.function(self._distributed_train_step)
+        self.evaluate = Evaluator(model)
+
+    def _replica_step(self, inputs: dict, targets: dict) -> dict:
+        variables = self.model.trainable_variables
+        context = tf.distribute.get_replica_context()
+        # Normalise by the masked tokens of the global batch, so replicas add up to one mean.
+        global_count = context.all_reduce(SUM, tf.reduce_sum(targets["masked_weights"]))
+        with tf.GradientTape() as tape:
+            logits = self.model(inputs, training=True)
+            sums = masked_lm_sums(logits, targets)
+            loss = sums["loss_sum"] / tf.maximum(global_count, 1.0)
+        gradients = dense_gradients(tape.gradient(loss, variables))
+        gradients, grad_norm = tf.clip_by_global_norm(gradients, self.config.clip_norm)
+        self.optimizer.apply_gradients(zip(gradients, variables))
+        return {**sums, "grad_norm": grad_norm}
+
+    def _distributed_train_step(self, iterator) -> dict:
+        inputs, targets = next(iterator)
+        results = self.strategy.run(self._replica_step, args=(inputs, targets))
+        self.step.assign_add(1)
+        reduced = {k: self.strategy.reduce(SUM, v, axis=None) for k, v in results.items()}
+        reduced["grad_norm"] /= self.strategy.num_replicas_in_sync
+        return reduced
+
+    def fit(self, iterator, eval_batches: list, baseline_id: int, monitor: Monitor, checkpoints: Checkpoints) -> None:
+        """Train from the current step to config.steps, logging, evaluating and checkpointing."""
+        config = self.config
+        step = int(self.step.numpy())
+        totals: dict[str, tf.Tensor] = {}
+        while step < config.steps:
+            results = self._train_step(iterator)
+            step += 1
+            monitor.step_done()
+            for key, value in {**results, "steps": 1}.items():  # tensors: no host sync per step
+                totals[key] = totals.get(key, 0) + value
+            last = step == config.steps
+            if step % config.log_every == 0 or last:
+                monitor.log_train(step, self._interval_metrics(totals))
+                totals = {}
+            if step % config.eval_every == 0 or last:
+                with monitor.not_training():
+                    metrics = self.evaluate(eval_batches, baseline_id)
+                    monitor.log_eval(step, metrics)
+                    if checkpoints.save_if_best(step, metrics["loss"]):
+                        monitor.say(f"  new best valid loss: saved {checkpoints.best.latest_checkpoint}")
+            if step % config.checkpoint_every == 0 or last:
+                with monitor.not_training():
+                    checkpoints.save(step)
+
+    def _interval_metrics(self, totals: dict) -> dict:
+        count = max(float(totals["count"]), 1.0)
+        return {
+            "loss": float(totals["loss_sum"]) / count,
+            "masked_accuracy": float(totals["correct"]) / count,
+            "grad_norm": float(totals["grad_norm"]) / totals["steps"],
+            "learning_rate": float(self.optimizer.learning_rate),  # the next step's
+        }

@@ -1,0 +1,86 @@
+"""What a run reports: a progress line for people, metrics.jsonl for tools, TensorBoard."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import tensorflow as tf
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
+
+
+class Monitor:
+    """Writes every logged step and eval to metrics.jsonl (one JSON object per line, appended,
+    flushed per line) and TensorBoard (logs/train, logs/valid), and prints a progress line."""
+
+    def __init__(self, metrics_file: Path, logs_dir: Path, total_steps: int, tokens_per_step: int, out=sys.stdout):
+        self.metrics_file = metrics_file
+        self.total_steps = total_steps
+        self.tokens_per_step = tokens_per_step
+        self.out = out
+        self.writers = {
+            split: tf.summary.create_file_writer(str(logs_dir / split)) for split in ("train", "valid")
+        }
+        self._interval_start = time.perf_counter()
+        self._interval_steps = 0
+        self._interval_excluded = 0.0  # seconds of eval/checkpointing inside the interval
+
+    def say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def record(self, entry: dict) -> None:
+        with open(self.metrics_file, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(entry) + "\n")
+
+    def step_done(self) -> None:
+        self._interval_steps += 1
+
+    def log_train(self, step: int, metrics: dict) -> None:
+        """Log the mean training metrics of the steps since the last call."""
+        elapsed = time.perf_counter() - self._interval_start - self._interval_excluded
+        steps_per_s = self._interval_steps / max(elapsed, 1e-9)
+        metrics = {**metrics, "tokens_per_s": steps_per_s * self.tokens_per_step}
+        self._interval_start, self._interval_steps, self._interval_excluded = time.perf_counter(), 0, 0.0
+        self._write("train", step, metrics)
+        eta = format_duration((self.total_steps - step) / max(steps_per_s, 1e-9))
+        self.say(
+            f"step {step:>{len(str(self.total_steps))}}/{self.total_steps}  loss {metrics['loss']:.4f}  "
+            f"masked acc {metrics['masked_accuracy']:6.2%}  lr {metrics['learning_rate']:.2e}  "
+            f"|g| {metrics['grad_norm']:.2f}  {metrics['tokens_per_s']:,.0f} tok/s  ETA {eta}"
+        )
+
+    def log_eval(self, step: int, metrics: dict) -> None:
+        self._write("valid", step, metrics)
+        self.say(
+            f"  valid @ {step}: loss {metrics['loss']:.4f}  ppl {metrics['perplexity']:.1f}  "
+            f"masked acc {metrics['masked_accuracy']:.2%} (baseline {metrics['baseline_accuracy']:.2%})"
+        )
+
+    @contextlib.contextmanager
+    def not_training(self):
+        """Keep time spent in eval and checkpointing out of tokens/s and the ETA."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._interval_excluded += time.perf_counter() - start
+
+    def _write(self, split: str, step: int, metrics: dict) -> None:
+        self.record({"split": split, "step": step, "time": time.time(), **metrics})
+        with self.writers[split].as_default(step=step):
+            for name, value in metrics.items():
+                tf.summary.scalar(name, value)
+        self.writers[split].flush()
+
+    def close(self) -> None:
+        for writer in self.writers.values():
+            writer.close()

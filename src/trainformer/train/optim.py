@@ -1,0 +1,48 @@
+"""AdamW with linear warmup and linear decay, and the gradient transforms the step applies."""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+# Weight decay regularises matrices; decaying LayerNorm scales and biases only hurts.
+NO_DECAY = ["bias", "gamma", "beta"]
+
+
+@keras.saving.register_keras_serializable(package="trainformer")
+class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """0 -> peak over `warmup_steps`, then linearly down to 0 at `total_steps` (BERT's schedule)."""
+
+    def __init__(self, peak: float, warmup_steps: int, total_steps: int):
+        self.peak = peak
+        self.warmup_steps = warmup_steps
+        self.total_steps = total_steps
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        warmup = step / max(self.warmup_steps, 1)
+        decay = (self.total_steps - step) / max(self.total_steps - self.warmup_steps, 1)
+        return self.peak * tf.clip_by_value(tf.minimum(warmup, decay), 0.0, 1.0)
+
+    def get_config(self):
+        return {"peak": self.peak, "warmup_steps": self.warmup_steps, "total_steps": self.total_steps}
+
+
+def make_optimizer(peak: float, warmup_steps: int, total_steps: int, weight_decay: float) -> keras.optimizers.AdamW:
+    optimizer = keras.optimizers.AdamW(
+        learning_rate=WarmupLinearDecay(peak, warmup_steps, total_steps),
+        weight_decay=weight_decay, beta_1=0.9, beta_2=0.98, epsilon=1e-6,
+    )
+    optimizer.exclude_from_weight_decay(var_names=NO_DECAY)
+    return optimizer
+
+
+def dense_gradients(gradients: list) -> list:
+    """Turn IndexedSlices (embedding lookups) into dense gradients.
+
+    An embedding gradient lists one row per occurrence, so a repeated id appears several
+    times; Adam on such slices updates its second moment per occurrence, not per id, and
+    diverges from the dense math (DESIGN.md). Summing per id (what the conversion does) gives
+    exactly the dense gradient.
+    """
+    return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]

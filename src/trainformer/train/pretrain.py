@@ -1,0 +1,177 @@
+"""Masked-LM pretraining end to end: corpus -> vocabulary -> packed windows -> train -> eval.
+
+`pretrain` is what `trainformer train` runs; `evaluate` is what `trainformer eval` runs.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from trainformer.config import ExperimentConfig
+from trainformer.data.corpus import Corpus, load_corpus
+from trainformer.data.pipeline import cached_token_stream, eval_batches, most_frequent_token, pack, train_dataset
+from trainformer.data.tokenizer import VOCAB_FILE, Tokenizer, train_vocab
+from trainformer.errors import UserError
+from trainformer.model.heads import build_masked_lm
+from trainformer.train.checkpoint import Checkpoints, dropout_seed_states, restore_model
+from trainformer.train.loop import Evaluator, Trainer
+from trainformer.train.monitor import Monitor, format_duration
+from trainformer.train.optim import make_optimizer
+from trainformer.train.run_dir import RunDir, environment, now
+from trainformer.train.strategy import describe_devices, make_strategy
+
+DTYPE_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16"}
+EVAL_SEED = 20260101  # fixed: every eval of every run scores the same valid targets
+
+
+@dataclass
+class Data:
+    """Everything a run needs from its corpus."""
+
+    corpus: Corpus
+    tokenizer: Tokenizer
+    train_windows: np.ndarray  # (num_windows, seq_len) int32
+    valid_windows: np.ndarray
+    baseline_id: int  # the most frequent training token
+    was_cached: bool
+
+
+def prepare_data(config: ExperimentConfig, run: RunDir, say=print) -> Data:
+    """Load the corpus, train the vocabulary (once per run) and pack tokenized windows (cached)."""
+    corpus = load_corpus(config.data.corpus, config.data.valid_fraction)
+    say(f"corpus: {corpus.summary()}")
+    if not (run.tokenizer_dir / VOCAB_FILE).is_file():
+        started = time.perf_counter()
+        tok = config.tokenizer
+        train_vocab(corpus.train, run.tokenizer_dir, tok.vocab_size, tok.min_frequency, tok.lowercase)
+        say(f"vocabulary: trained in {time.perf_counter() - started:.1f}s -> {run.tokenizer_dir / VOCAB_FILE}")
+    tokenizer = Tokenizer.load(run.tokenizer_dir)
+    streams = {}
+    was_cached = True
+    for split, documents in (("train", corpus.train), ("valid", corpus.valid)):
+        streams[split], cached = cached_token_stream(run.cache_dir, tokenizer, documents, corpus.fingerprint, split)
+        was_cached &= cached
+    seq_len = config.data.seq_len
+    return Data(
+        corpus, tokenizer, pack(streams["train"], seq_len), pack(streams["valid"], seq_len),
+        most_frequent_token(streams["train"]), was_cached,
+    )
+
+
+def build_model(config: ExperimentConfig, vocab_size: int) -> keras.Model:
+    return build_masked_lm(config.model, vocab_size, config.data.seq_len, dtype=DTYPE_POLICIES[config.train.precision])
+
+
+def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout) -> dict:
+    """Train (or resume) a masked-LM run in run_dir and return the final valid metrics."""
+    say = lambda text: print(text, file=out, flush=True)  # noqa: E731
+    run = RunDir(run_dir)
+    resumed = run.prepare(config)
+    keras.utils.set_random_seed(config.train.seed)
+    data = prepare_data(config, run, say)
+    train_cfg = config.train
+    if len(data.train_windows) < train_cfg.batch_size:
+        raise UserError(
+            f"train.batch_size: {train_cfg.batch_size} is more than the {len(data.train_windows)} "
+            f"training windows of data.seq_len={config.data.seq_len} in {data.corpus.source}"
+        )
+
+    strategy = make_strategy()
+    with strategy.scope():
+        model = build_model(config, data.tokenizer.vocab_size)
+        optimizer = make_optimizer(train_cfg.learning_rate, train_cfg.warmup_steps, train_cfg.steps, train_cfg.weight_decay)
+    trainer = Trainer(model, optimizer, strategy, train_cfg)
+    checkpoints = Checkpoints(
+        run.checkpoints_dir, train_cfg.keep_checkpoints, model=model, optimizer=optimizer, step=trainer.step,
+        dropout_seeds=dropout_seed_states(model),
+    )
+    restored = checkpoints.restore_latest()
+    start_step = int(trainer.step.numpy())
+    dataset = train_dataset(
+        data.train_windows, train_cfg.batch_size, train_cfg.seed, config.data.mask_rate, data.tokenizer.vocab_size,
+        start_batch=start_step,
+    )
+    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    valid = eval_batches(data.valid_windows, train_cfg.batch_size, EVAL_SEED, config.data.mask_rate,
+                         data.tokenizer.vocab_size)
+
+    manifest = run.read_manifest() if restored else {}
+    manifest.update({
+        "name": config.name,
+        "seed": train_cfg.seed,
+        "num_params": model.count_params(),
+        "vocab_size": data.tokenizer.vocab_size,
+        "devices": describe_devices(),
+        "data": {
+            "source": data.corpus.source,
+            "fingerprint": data.corpus.fingerprint,
+            "train_documents": len(data.corpus.train),
+            "valid_documents": len(data.corpus.valid),
+            "characters": data.corpus.num_chars,
+            "skipped_lines": dict(data.corpus.skipped),
+            "train_windows": len(data.train_windows),
+            "valid_windows": len(data.valid_windows),
+        },
+        **environment(),
+    })
+    manifest.setdefault("started_at", now())
+    manifest.setdefault("segments", []).append({"started_at": now(), "from_step": start_step})
+    run.write_manifest(manifest)
+
+    tokens_per_step = train_cfg.batch_size * config.data.seq_len
+    monitor = Monitor(run.metrics_file, run.logs_dir, train_cfg.steps, tokens_per_step, out)
+    m = config.model
+    say(f"model: {m.num_layers} layers, d_model {m.d_model}, {m.num_heads} heads, dff {m.dff}, {m.norm}-LN, "
+        f"{m.position} positions, vocab {data.tokenizer.vocab_size:,}: {model.count_params():,} parameters, "
+        f"{train_cfg.precision}")
+    say(f"devices: {', '.join(describe_devices())}; tokenized data {'from cache' if data.was_cached else 'cached'} "
+        f"in {run.cache_dir}")
+    say(f"data: {len(data.train_windows):,} train / {len(data.valid_windows):,} valid windows of "
+        f"{config.data.seq_len} tokens; batch {train_cfg.batch_size} ({tokens_per_step:,} tokens/step)")
+    if restored:
+        say(f"resuming from checkpoint {restored} (step {start_step}/{train_cfg.steps})")
+        monitor.record({"event": "resume", "step": start_step, "checkpoint": restored, "time": time.time()})
+    if start_step >= train_cfg.steps:
+        say(f"nothing left to train: step {start_step} >= train.steps {train_cfg.steps} "
+            f"(raise it with --set train.steps=N to train longer)")
+
+    started = time.perf_counter()
+    trainer.fit(iterator, valid, data.baseline_id, monitor, checkpoints)
+    final = trainer.evaluate(valid, data.baseline_id)
+    monitor.close()
+
+    final = {**final, "step": int(trainer.step.numpy())}
+    manifest["segments"][-1].update({"ended_at": now(), "to_step": final["step"]})
+    manifest.update({"ended_at": now(), "final_eval": final})
+    run.write_manifest(manifest)
+    say(f"done in {format_duration(time.perf_counter() - started)}: step {final['step']}, "
+        f"valid loss {final['loss']:.4f} (perplexity {final['perplexity']:.1f})")
+    say(f"held-out masked-token accuracy {final['masked_accuracy']:.2%} vs most-frequent-token baseline "
+        f"{final['baseline_accuracy']:.2%} ({final['masked_accuracy'] / max(final['baseline_accuracy'], 1e-9):.1f}x), "
+        f"on {final['num_targets']:,} masked tokens")
+    say(f"run directory: {run.root}")
+    say(f"TensorBoard:   tensorboard --logdir {run.logs_dir}")
+    return final
+
+
+def evaluate(run_dir: Path, split: str = "valid", which: str = "latest") -> dict:
+    """Score a run's latest (or best) checkpoint on cloze-masked windows of a split."""
+    run = RunDir(run_dir)
+    config = run.load_config()
+    data = prepare_data(config, run, say=lambda text: None)
+    windows = data.valid_windows if split == "valid" else data.train_windows
+    strategy = make_strategy()
+    with strategy.scope():
+        model = build_model(config, data.tokenizer.vocab_size)
+    try:
+        path, step = restore_model(model, run.checkpoints_dir, which)
+    except FileNotFoundError as err:
+        raise UserError(str(err)) from None
+    batches = eval_batches(windows, config.train.batch_size, EVAL_SEED, config.data.mask_rate, data.tokenizer.vocab_size)
+    return {**Evaluator(model)(batches, data.baseline_id), "step": step, "split": split, "checkpoint": path}
