@@ -49,6 +49,7 @@ class TokenizerConfig:
     vocab_size: int = 8000
     min_frequency: int = 2
     lowercase: bool = True
+    vocab_file: str = ""  # an existing vocab.txt to use instead of training one
 
 
 @dataclass
@@ -134,9 +135,15 @@ def apply_override(config: ExperimentConfig, item: str) -> None:
     *sections, leaf = key.strip().split(".")
     target = config
     for depth, section in enumerate(sections):
+        if not dataclasses.is_dataclass(target):
+            raise ConfigError(f"--set {key}: {'.'.join(sections[:depth])} is a value, not a section")
         target = getattr(target, _known_key(target, section, ".".join(sections[:depth]), "--set"))
+    if not dataclasses.is_dataclass(target):
+        raise ConfigError(f"--set {key}: {'.'.join(sections)} is a value, not a section")
     leaf = _known_key(target, leaf, ".".join(sections), "--set")
     kind = _field_types(type(target))[leaf]
+    if dataclasses.is_dataclass(kind):
+        raise ConfigError(f"--set {key}: {key} is a section; set one of its keys, e.g. {key}.{dataclasses.fields(kind)[0].name}")
     setattr(target, leaf, _parse(text.strip(), kind, f"--set {key}"))
 
 
@@ -219,6 +226,8 @@ def _known_key(target: Any, key: str, section: str, origin: str) -> str:
 def _check_type(value: Any, kind: type, where: str) -> Any:
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if kind is float and isinstance(value, str):  # YAML 1.1 reads `1e-3` (no dot) as a string
+        return _parse(value, float, where)
     if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):

@@ -72,7 +72,7 @@ def read_file(path: Path) -> Iterator[str | None]:
     with path.open("rb") as lines:
         for number, raw in enumerate(lines, start=1):
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # tolerate a BOM
             except UnicodeDecodeError:
                 yield None
                 continue

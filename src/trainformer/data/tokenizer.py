@@ -16,6 +16,8 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 from tokenizers import BertWordPieceTokenizer, normalizers
 
+from trainformer.errors import UserError
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))
 VOCAB_FILE = "vocab.txt"
@@ -50,9 +52,31 @@ def train_vocab(
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save_model(str(out_dir))
+    _write_settings(out_dir, lowercase)
+    return out_dir / VOCAB_FILE
+
+
+def copy_vocab(vocab_file: str, out_dir: Path, lowercase: bool) -> Path:
+    """Use an existing vocab.txt instead of training one (e.g. to share a vocabulary between
+    runs: HF WordPiece training is not deterministic, huggingface/tokenizers#1794)."""
+    source = Path(vocab_file).expanduser()
+    if not source.is_file():
+        raise UserError(f"tokenizer.vocab_file: {source}: no such file")
+    vocab = source.read_text(encoding="utf-8").splitlines()
+    for line, (token, expected) in enumerate(zip(vocab, SPECIAL_TOKENS), start=1):
+        if token != expected:
+            raise UserError(f"{source}:{line}: expected special token {expected}, found {token!r}")
+    if len(vocab) <= len(SPECIAL_TOKENS):
+        raise UserError(f"{source}: holds no tokens beyond the special tokens")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / VOCAB_FILE).write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    _write_settings(out_dir, lowercase)
+    return out_dir / VOCAB_FILE
+
+
+def _write_settings(out_dir: Path, lowercase: bool) -> None:
     settings = {"lowercase": lowercase, "normalization": "NFKC", "special_tokens": SPECIAL_TOKENS}
     (out_dir / SETTINGS_FILE).write_text(json.dumps(settings, indent=2))
-    return out_dir / VOCAB_FILE
 
 
 class Tokenizer(tf.Module):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import keras
 
 from trainformer.model.layers import (
@@ -47,7 +49,13 @@ class TransformerEncoder(keras.Model):
             if position == "sinusoidal"
             else LearnedPositionalEmbedding(max_length, name="position_embedding", dtype=dtype)
         )
-        x = positions(token_embedding(token_ids))  # (batch, seq, d)
+        x = token_embedding(token_ids)  # (batch, seq, d)
+        if position == "sinusoidal":
+            # The fixed encoding has unit-scale entries while embeddings start at std 0.02:
+            # unscaled, positions drown the token signal and training stalls at the unigram
+            # plateau. Scale by sqrt(d) as in "Attention Is All You Need".
+            x = keras.layers.Rescaling(math.sqrt(d_model), name="embedding_scale", dtype=dtype)(x)
+        x = positions(x)
         if norm == "post":
             x = keras.layers.LayerNormalization(epsilon=1e-12, name="embeddings_norm", dtype=dtype)(x)
         x = keras.layers.Dropout(dropout, name="embeddings_dropout", dtype=dtype)(x)

@@ -49,6 +49,9 @@ class PositionalEncoding(keras.layers.Layer):
         encoding = ops.cast(ops.convert_to_tensor(self._table)[:seq_len], inputs.dtype)
         return inputs + encoding[None]  # (batch, seq, d)
 
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
     def get_config(self):
         return {**super().get_config(), "max_length": self.max_length}
 
@@ -77,6 +80,9 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
     def call(self, inputs):
         seq_len = ops.shape(inputs)[1]
         return inputs + ops.cast(self.positions[:seq_len], inputs.dtype)[None]
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
 
     def get_config(self):
         return {

@@ -110,11 +110,14 @@ class Trainer:
         reduced["grad_norm"] /= self.strategy.num_replicas_in_sync
         return reduced
 
-    def fit(self, iterator, eval_batches: list, baseline_id: int, monitor: Monitor, checkpoints: Checkpoints) -> None:
-        """Train from the current step to config.steps, logging, evaluating and checkpointing."""
+    def fit(self, iterator, eval_batches: list, baseline_id: int, monitor: Monitor,
+            checkpoints: Checkpoints) -> dict | None:
+        """Train from the current step to config.steps, logging, evaluating and checkpointing.
+        Returns the last eval's metrics (None when there was nothing to train)."""
         config = self.config
         step = int(self.step.numpy())
         totals: dict[str, tf.Tensor] = {}
+        metrics = None
         while step < config.steps:
             results = self._train_step(iterator)
             step += 1
@@ -134,6 +137,7 @@ class Trainer:
             if step % config.checkpoint_every == 0 or last:
                 with monitor.not_training():
                     checkpoints.save(step)
+        return metrics
 
     def _interval_metrics(self, totals: dict) -> dict:
         count = max(float(totals["count"]), 1.0)

@@ -18,12 +18,23 @@ def format_duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
 
 
+def drop_torn_line(path: Path) -> None:
+    """A crash in the middle of an append can leave half a JSON line at the end of the file;
+    cut it so every line of metrics.jsonl stays parseable."""
+    if not path.is_file():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+
 class Monitor:
     """Writes every logged step and eval to metrics.jsonl (one JSON object per line, appended,
     flushed per line) and TensorBoard (logs/train, logs/valid), and prints a progress line."""
 
     def __init__(self, metrics_file: Path, logs_dir: Path, total_steps: int, tokens_per_step: int, out=sys.stdout):
         self.metrics_file = metrics_file
+        drop_torn_line(metrics_file)
         self.total_steps = total_steps
         self.tokens_per_step = tokens_per_step
         self.out = out

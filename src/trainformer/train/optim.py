@@ -20,7 +20,7 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
 
     def __call__(self, step):
         step = tf.cast(step, tf.float32)
-        warmup = step / max(self.warmup_steps, 1)
+        warmup = (step + 1) / self.warmup_steps if self.warmup_steps else 1.0
         decay = (self.total_steps - step) / max(self.total_steps - self.warmup_steps, 1)
         return self.peak * tf.clip_by_value(tf.minimum(warmup, decay), 0.0, 1.0)
 

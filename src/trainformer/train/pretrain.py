@@ -16,7 +16,7 @@ import numpy as np
 from trainformer.config import ExperimentConfig
 from trainformer.data.corpus import Corpus, load_corpus
 from trainformer.data.pipeline import cached_token_stream, eval_batches, most_frequent_token, pack, train_dataset
-from trainformer.data.tokenizer import VOCAB_FILE, Tokenizer, train_vocab
+from trainformer.data.tokenizer import VOCAB_FILE, Tokenizer, copy_vocab, train_vocab
 from trainformer.errors import UserError
 from trainformer.model.heads import build_masked_lm
 from trainformer.train.checkpoint import Checkpoints, dropout_seed_states, restore_model
@@ -46,9 +46,13 @@ def prepare_data(config: ExperimentConfig, run: RunDir, say=print) -> Data:
     """Load the corpus, train the vocabulary (once per run) and pack tokenized windows (cached)."""
     corpus = load_corpus(config.data.corpus, config.data.valid_fraction)
     say(f"corpus: {corpus.summary()}")
-    if not (run.tokenizer_dir / VOCAB_FILE).is_file():
+    tok = config.tokenizer
+    if (run.tokenizer_dir / VOCAB_FILE).is_file():
+        pass  # a run keeps its vocabulary: token ids must not change under a checkpoint
+    elif tok.vocab_file:
+        say(f"vocabulary: {copy_vocab(tok.vocab_file, run.tokenizer_dir, tok.lowercase)} (from {tok.vocab_file})")
+    else:
         started = time.perf_counter()
-        tok = config.tokenizer
         train_vocab(corpus.train, run.tokenizer_dir, tok.vocab_size, tok.min_frequency, tok.lowercase)
         say(f"vocabulary: trained in {time.perf_counter() - started:.1f}s -> {run.tokenizer_dir / VOCAB_FILE}")
     tokenizer = Tokenizer.load(run.tokenizer_dir)
@@ -142,8 +146,9 @@ def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout) -> dict:
             f"(raise it with --set train.steps=N to train longer)")
 
     started = time.perf_counter()
-    trainer.fit(iterator, valid, data.baseline_id, monitor, checkpoints)
-    final = trainer.evaluate(valid, data.baseline_id)
+    final = trainer.fit(iterator, valid, data.baseline_id, monitor, checkpoints) or trainer.evaluate(
+        valid, data.baseline_id
+    )
     monitor.close()
 
     final = {**final, "step": int(trainer.step.numpy())}

@@ -1,0 +1,285 @@
+"""The masked-LM input pipeline on real People's Daily tokens: packing loses nothing,
+masking follows BERT's recipe exactly, and the batch stream is a pure function of
+(seed, batch number) so a resumed run sees the same batches."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from trainformer.data.pipeline import (
+    NUM_SPECIAL, eval_batches, mask_batch, max_predictions, pack, tokenize_documents, train_dataset,
+)
+from trainformer.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
+
+SEQ_LEN = 128
+RATE = 0.15
+
+
+@pytest.fixture(scope="module")
+def documents(corpus):
+    return corpus.train[:2000]
+
+
+@pytest.fixture(scope="module")
+def stream(tokenizer, documents):
+    return tokenize_documents(tokenizer, documents, batch_size=512)
+
+
+@pytest.fixture(scope="module")
+def windows(stream):
+    return pack(stream, SEQ_LEN)
+
+
+@pytest.fixture(scope="module")
+def masked(windows, tokenizer):
+    """One training-style masking of 400 real windows (~7,500 targets)."""
+    out = mask_batch(tf.constant(windows[:400]), tf.constant([7, 11], tf.int64), RATE, tokenizer.vocab_size)
+    return windows[:400], {k: v.numpy() for k, v in out.items()}
+
+
+def chosen(out):
+    """(window, position) pairs of the real targets, their originals and inputs."""
+    rows, slots = np.nonzero(out["masked_weights"] > 0)
+    positions = out["masked_positions"][rows, slots]
+    return rows, positions, out["masked_ids"][rows, slots], out["token_ids"][rows, positions]
+
+
+def expected_count(window):
+    return round(RATE * int(np.sum(window >= NUM_SPECIAL)))
+
+
+# --- tokenize + pack ------------------------------------------------------------------------
+
+def test_tokenize_documents_ends_each_document_with_sep(tokenizer, documents, stream):
+    assert stream.dtype == np.int32
+    assert np.sum(stream == SEP_ID) == len(documents)
+    assert stream[-1] == SEP_ID
+    # each [SEP] sits right after its document's tokens
+    lengths = tokenizer(tf.constant(documents)).row_lengths().numpy()
+    np.testing.assert_array_equal(np.flatnonzero(stream == SEP_ID), np.cumsum(lengths + 1) - 1)
+
+
+def test_tokenize_documents_batches_do_not_matter(tokenizer, documents, stream):
+    np.testing.assert_array_equal(tokenize_documents(tokenizer, documents, batch_size=333), stream)
+    assert tokenize_documents(tokenizer, []).shape == (0,)
+
+
+def test_pack_windows_have_shape_and_start_with_cls(stream, windows):
+    assert windows.dtype == np.int32
+    assert windows.shape == (-(-len(stream) // (SEQ_LEN - 1)), SEQ_LEN)
+    assert np.all(windows[:, 0] == CLS_ID)
+    assert not np.any(windows[:, 1:] == CLS_ID)
+    assert not np.any(windows[:-1] == PAD_ID)  # only the last window is padded
+
+
+def test_pack_loses_and_duplicates_no_token(stream, windows):
+    body = windows[:, 1:].reshape(-1)
+    tail = len(body) - len(stream)
+    assert 0 <= tail < SEQ_LEN - 1
+    assert np.all(body[len(stream):] == PAD_ID)
+    np.testing.assert_array_equal(body[: len(stream)], stream)
+
+
+@pytest.mark.parametrize("length", [0, 1, 7, 8, 21])
+def test_pack_edge_lengths(length):
+    stream = np.arange(NUM_SPECIAL, NUM_SPECIAL + length, dtype=np.int32)
+    windows = pack(stream, 8)
+    assert windows.shape == (max(1, -(-length // 7)), 8)
+    body = windows[:, 1:].reshape(-1)
+    np.testing.assert_array_equal(body[:length], stream)
+    assert np.all(body[length:] == PAD_ID)
+
+
+# --- masking --------------------------------------------------------------------------------
+
+def test_mask_count_per_window_is_rate_times_candidates(masked):
+    windows, out = masked
+    counts = out["masked_weights"].sum(axis=1)
+    expected = [expected_count(w) for w in windows]
+    np.testing.assert_array_equal(counts, expected)
+    assert out["masked_positions"].shape == (len(windows), max_predictions(SEQ_LEN, RATE))
+    # the real targets are distinct positions inside each window
+    for row in range(len(windows)):
+        picked = out["masked_positions"][row][out["masked_weights"][row] > 0]
+        assert len(set(picked.tolist())) == len(picked)
+
+
+def test_targets_are_originals_and_never_special(masked):
+    windows, out = masked
+    rows, positions, targets, _ = chosen(out)
+    np.testing.assert_array_equal(targets, windows[rows, positions])
+    assert np.all(targets >= NUM_SPECIAL)
+    assert out["masked_ids"].dtype == np.int32 and out["masked_weights"].dtype == np.float32
+
+
+def test_only_chosen_positions_change(masked):
+    windows, out = masked
+    changed = out["token_ids"] != windows
+    rows, positions, _, _ = chosen(out)
+    allowed = np.zeros_like(changed)
+    allowed[rows, positions] = True
+    assert not np.any(changed & ~allowed)
+    special = windows < NUM_SPECIAL
+    np.testing.assert_array_equal(out["token_ids"][special], windows[special])
+    np.testing.assert_array_equal(out["padding_mask"], windows != PAD_ID)
+
+
+def test_bert_80_10_10_corruption(masked, tokenizer):
+    _, out = masked
+    _, _, targets, inputs = chosen(out)
+    assert len(targets) > 5000
+    to_mask = np.mean(inputs == MASK_ID)
+    unchanged = np.mean(inputs == targets)
+    random_other = np.mean((inputs != MASK_ID) & (inputs != targets))
+    assert abs(to_mask - 0.8) < 0.03
+    assert abs(unchanged - 0.1) < 0.03
+    assert abs(random_other - 0.1) < 0.03
+    randoms = inputs[(inputs != MASK_ID) & (inputs != targets)]
+    assert randoms.min() >= NUM_SPECIAL and randoms.max() < tokenizer.vocab_size
+    assert len(np.unique(randoms)) > 0.5 * len(randoms)  # really random, not one id
+
+
+def test_cloze_masks_every_target(windows, tokenizer):
+    out = mask_batch(tf.constant(windows[:50]), tf.constant([1, 2], tf.int64), RATE, tokenizer.vocab_size, cloze=True)
+    out = {k: v.numpy() for k, v in out.items()}
+    _, _, targets, inputs = chosen(out)
+    assert len(targets) > 0
+    assert np.all(inputs == MASK_ID)
+
+
+def test_same_seed_same_masks_other_seed_other_masks(windows, tokenizer):
+    batch = tf.constant(windows[:32])
+
+    def run(seed):
+        out = mask_batch(batch, tf.constant(seed, tf.int64), RATE, tokenizer.vocab_size)
+        return {k: v.numpy() for k, v in out.items()}
+
+    first, again, other = run([3, 4]), run([3, 4]), run([3, 5])
+    for key in first:
+        np.testing.assert_array_equal(first[key], again[key])
+    assert not np.array_equal(first["masked_positions"], other["masked_positions"])
+    assert not np.array_equal(first["token_ids"], other["token_ids"])
+
+
+@pytest.mark.parametrize("seq_len, rate", [(8, 0.15), (16, 0.15), (20, 0.15), (128, 0.15), (128, 0.4), (50, 0.3)])
+def test_max_predictions_never_cuts_targets(seq_len, rate):
+    """Windows with no special token after [CLS] have the most candidates."""
+    rng = np.random.default_rng(seq_len)
+    full = rng.integers(NUM_SPECIAL, 100, size=(16, seq_len)).astype(np.int32)
+    full[:, 0] = CLS_ID
+    full[8:, seq_len // 2:] = PAD_ID  # and some half-padded ones
+    out = mask_batch(tf.constant(full), tf.constant([0, 0], tf.int64), rate, 100)
+    candidates = np.sum(full >= NUM_SPECIAL, axis=1)
+    np.testing.assert_array_equal(out["masked_weights"].numpy().sum(axis=1), [round(rate * n) for n in candidates])
+    assert out["masked_positions"].shape[1] == max_predictions(seq_len, rate)
+
+
+# --- train_dataset / eval_batches -----------------------------------------------------------
+
+BATCH = 8
+NUM_WINDOWS = 100  # 12 batches per epoch, 4 windows dropped
+PER_EPOCH = NUM_WINDOWS // BATCH
+
+
+@pytest.fixture(scope="module")
+def small_windows(stream):
+    return pack(stream, 32)[:NUM_WINDOWS]
+
+
+def take(windows, n, seed=5, start_batch=0):
+    dataset = train_dataset(windows, BATCH, seed, RATE, 8000, start_batch=start_batch)
+    return [
+        ({k: v.numpy() for k, v in inputs.items()}, {k: v.numpy() for k, v in targets.items()})
+        for inputs, targets in dataset.take(n)
+    ]
+
+
+def same_batch(a, b):
+    return all(np.array_equal(a[i][k], b[i][k]) for i in range(2) for k in a[i])
+
+
+def unmask(batch):
+    """The original windows of a batch, from its inputs and targets."""
+    inputs, targets = batch
+    ids = inputs["token_ids"].copy()
+    rows, slots = np.nonzero(targets["masked_weights"] > 0)
+    ids[rows, inputs["masked_positions"][rows, slots]] = targets["masked_ids"][rows, slots]
+    return ids
+
+
+@pytest.fixture(scope="module")
+def reference(small_windows):
+    return take(small_windows, 2 * PER_EPOCH + 4)
+
+
+def test_batches_have_model_inputs_and_targets(reference):
+    inputs, targets = reference[0]
+    assert set(inputs) == {"token_ids", "padding_mask", "masked_positions"}
+    assert set(targets) == {"masked_ids", "masked_weights"}
+    assert inputs["token_ids"].shape == (BATCH, 32)
+    assert inputs["masked_positions"].shape == targets["masked_ids"].shape == (BATCH, max_predictions(32, RATE))
+
+
+def test_train_dataset_is_deterministic(small_windows, reference):
+    again = take(small_windows, 3)
+    assert all(same_batch(a, b) for a, b in zip(again, reference[:3]))
+    other = take(small_windows, 3, seed=6)
+    assert not any(same_batch(a, b) for a, b in zip(other, reference[:3]))
+
+
+def test_each_epoch_is_a_permutation_of_windows_with_fresh_masks(small_windows, reference):
+    known = {w.tobytes(): i for i, w in enumerate(small_windows)}
+    epochs = []
+    for e in range(2):
+        seen = {}
+        for batch in reference[e * PER_EPOCH : (e + 1) * PER_EPOCH]:
+            for window, row_positions, row_weights in zip(
+                unmask(batch), batch[0]["masked_positions"], batch[1]["masked_weights"]
+            ):
+                index = known[window.tobytes()]  # KeyError: the batch holds a window we never made
+                assert index not in seen  # no repeat within an epoch
+                seen[index] = frozenset(row_positions[row_weights > 0].tolist())
+        assert len(seen) == PER_EPOCH * BATCH
+        epochs.append(seen)
+    common = set(epochs[0]) & set(epochs[1])
+    assert len(common) >= 0.8 * PER_EPOCH * BATCH
+    differ = sum(epochs[0][i] != epochs[1][i] for i in common)
+    assert differ >= 0.9 * len(common)  # new masks each epoch
+    # masks are drawn per global batch number, not per batch-within-epoch
+    # (same slot of the next epoch: the overlap of independent draws is small, of reused ones ~all)
+    common = total = 0
+    for k in range(PER_EPOCH):
+        for e0, e1 in zip(*(zip(reference[j][0]["masked_positions"], reference[j][1]["masked_weights"])
+                            for j in (k, k + PER_EPOCH))):
+            first, second = set(e0[0][e0[1] > 0].tolist()), set(e1[0][e1[1] > 0].tolist())
+            common, total = common + len(first & second), total + len(first)
+    assert common / total < 0.4, common / total
+    order = [known[w.tobytes()] for b in reference[: 2 * PER_EPOCH] for w in unmask(b)]
+    assert order[: PER_EPOCH * BATCH] != order[PER_EPOCH * BATCH :]  # and a new order
+
+
+@pytest.mark.parametrize("start", [5, PER_EPOCH - 1, PER_EPOCH, PER_EPOCH + 3, 2 * PER_EPOCH - 1])
+def test_start_batch_resumes_the_same_stream(small_windows, reference, start):
+    resumed = take(small_windows, 3, start_batch=start)
+    for offset, batch in enumerate(resumed):
+        assert same_batch(batch, reference[start + offset]), f"batch {start + offset}"
+
+
+def test_too_few_windows_for_a_batch(small_windows):
+    with pytest.raises(ValueError, match="fewer than one batch"):
+        train_dataset(small_windows[:BATCH - 1], BATCH, 0, RATE, 8000)
+
+
+def test_eval_batches_are_fixed_and_cover_all_windows(small_windows):
+    first = eval_batches(small_windows, 16, 3, RATE, 8000)
+    second = eval_batches(small_windows, 16, 3, RATE, 8000)
+    assert len(first) == -(-NUM_WINDOWS // 16)
+    assert all(
+        np.array_equal(a[i][k].numpy(), b[i][k].numpy()) for a, b in zip(first, second) for i in range(2) for k in a[i]
+    )
+    originals = np.concatenate([unmask(({k: v.numpy() for k, v in x.items()}, {k: v.numpy() for k, v in y.items()}))
+                                for x, y in first])
+    np.testing.assert_array_equal(originals, small_windows)
+    for inputs, targets in first:
+        picked = tf.gather(inputs["token_ids"], inputs["masked_positions"], batch_dims=1).numpy()
+        assert np.all(picked[targets["masked_weights"].numpy() > 0] == MASK_ID)

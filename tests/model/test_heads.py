@@ -1,0 +1,139 @@
+"""The masked-LM model: encoder + head whose output matrix is the (tied) token embedding."""
+
+import keras
+import numpy as np
+import pytest
+
+from trainformer.config import ModelConfig, load_config
+from trainformer.model.heads import MaskedLM, build_masked_lm
+
+VOCAB, MAX_LEN, D = 200, 16, 32
+TINY = ModelConfig(d_model=D, num_layers=2, num_heads=2, dff=64, dropout=0.1)
+
+
+def block_params(d, dff):
+    return (d * 3 * d + 3 * d) + (d * d + d) + 2 * d + (d * dff + dff) + (dff * d + d) + 2 * d
+
+
+def make_inputs(batch=3, seq=MAX_LEN, predictions=4, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(5, VOCAB // 2, (batch, seq)).astype("int32")  # ids >= VOCAB/2 never occur
+    ids[-1, seq - 5:] = 0  # one padded row
+    positions = np.stack([rng.choice(seq - 5, predictions, replace=False) for _ in range(batch)]).astype("int32")
+    return {"token_ids": ids, "padding_mask": ids != 0, "masked_positions": positions}
+
+
+@pytest.fixture(scope="module")
+def model():
+    keras.utils.set_random_seed(0)
+    return build_masked_lm(TINY, VOCAB, MAX_LEN)
+
+
+def test_output_shape_and_dtype(model):
+    inputs = make_inputs(batch=3, predictions=4)
+    logits = model(inputs, training=False)
+    assert tuple(logits.shape) == (3, 4, VOCAB)
+    assert logits.dtype == "float32"
+    assert np.all(np.isfinite(np.asarray(logits)))
+    assert isinstance(model, MaskedLM)
+
+
+def test_only_masked_positions_are_scored(model):
+    inputs = make_inputs()
+    logits = np.asarray(model(inputs, training=False))
+    flipped = dict(inputs, masked_positions=inputs["masked_positions"][:, ::-1].copy())
+    np.testing.assert_allclose(np.asarray(model(flipped, training=False)), logits[:, ::-1], atol=1e-6)
+    one = dict(inputs, masked_positions=inputs["masked_positions"][:, 2:3].copy())
+    np.testing.assert_allclose(np.asarray(model(one, training=False))[:, 0], logits[:, 2], atol=1e-5)
+
+
+def test_head_math(model):
+    """logits = LayerNorm(gelu(h W + b)) E^T + bias, at the masked positions only."""
+    inputs = make_inputs(seed=3)
+    sequence = np.asarray(model.encoder({k: inputs[k] for k in ("token_ids", "padding_mask")}, training=False))
+    head = model.get_layer("mlm_head")
+    head.output_bias.assign(np.random.default_rng(4).normal(size=VOCAB).astype("float32"))
+    kernel, bias = (np.asarray(w) for w in head._transform.weights)
+    gamma, beta = (np.asarray(w) for w in head._norm.weights)
+    gathered = np.take_along_axis(sequence, inputs["masked_positions"][..., None], axis=1)
+    hidden = np.asarray(keras.activations.gelu(gathered @ kernel + bias, approximate=True))
+    mean, var = hidden.mean(-1, keepdims=True), hidden.var(-1, keepdims=True)
+    hidden = (hidden - mean) / np.sqrt(var + 1e-12) * gamma + beta
+    expected = hidden @ np.asarray(model.encoder.token_embedding.embeddings).T + np.asarray(head.output_bias)
+    try:
+        np.testing.assert_allclose(np.asarray(model(inputs, training=False)), expected, rtol=1e-4, atol=1e-5)
+    finally:
+        head.output_bias.assign(np.zeros(VOCAB, "float32"))
+
+
+def test_output_weights_are_tied_to_the_embedding(model):
+    encoder = model.encoder
+    head_own = (D * D + D) + 2 * D + VOCAB  # transform + LayerNorm + output bias
+    assert model.count_params() == encoder.count_params() + head_own
+    assert encoder.count_params() == VOCAB * D + 2 * D + 2 * block_params(D, 64)  # sinusoidal, post-norm
+    assert sum(tuple(w.shape) in ((VOCAB, D), (D, VOCAB)) for w in model.weights) == 1
+    assert model.get_layer("mlm_head").token_embedding is encoder.token_embedding
+
+
+def test_changing_the_embedding_row_changes_only_that_logit(model):
+    inputs = make_inputs()
+    before = np.asarray(model(inputs, training=False))
+    embedding = model.encoder.token_embedding.embeddings
+    saved = np.asarray(embedding)
+    unused = VOCAB - 1  # never an input id, so the encoder output cannot change
+    try:
+        changed = saved.copy()
+        changed[unused] += np.random.default_rng(2).normal(size=D)  # (not a constant: h sums to ~0 after LayerNorm)
+        embedding.assign(changed)
+        after = np.asarray(model(inputs, training=False))
+    finally:
+        embedding.assign(saved)
+    assert np.abs(after[..., unused] - before[..., unused]).min() > 1e-3
+    np.testing.assert_allclose(np.delete(after, unused, -1), np.delete(before, unused, -1), atol=1e-6)
+
+
+def test_keras_file_round_trip(model, tmp_path):
+    inputs = make_inputs(seed=1)
+    expected = np.asarray(model(inputs, training=False))
+    path = tmp_path / "m.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert isinstance(loaded, MaskedLM)
+    assert loaded.count_params() == model.count_params()
+    np.testing.assert_array_equal(np.asarray(loaded(inputs, training=False)), expected)
+    # the reloaded head is still tied to the reloaded embedding
+    assert loaded.get_layer("mlm_head").token_embedding is loaded.encoder.token_embedding
+
+
+@pytest.mark.parametrize("norm, position", [("pre", "learned"), ("post", "learned"), ("pre", "sinusoidal")])
+def test_other_variants_build_and_run(norm, position):
+    config = ModelConfig(d_model=D, num_layers=1, num_heads=2, dff=64, norm=norm, position=position)
+    model = build_masked_lm(config, VOCAB, MAX_LEN)
+    names = {layer.name for layer in model.encoder.layers}
+    assert ("final_norm" in names) == (norm == "pre")
+    assert ("embeddings_norm" in names) == (norm == "post")
+    extra = MAX_LEN * D if position == "learned" else 0
+    assert model.encoder.count_params() == VOCAB * D + 2 * D + block_params(D, 64) + extra
+    assert tuple(model(make_inputs(), training=False).shape) == (3, 4, VOCAB)
+
+
+def test_mixed_bfloat16_still_gives_float32_logits():
+    model = build_masked_lm(TINY, VOCAB, MAX_LEN, dtype="mixed_bfloat16")
+    logits = model(make_inputs(), training=False)
+    assert logits.dtype == "float32"
+    assert np.all(np.isfinite(np.asarray(logits)))
+    assert all(w.dtype == "float32" for w in model.weights)  # variables stay float32
+    assert model.encoder.get_layer("block_0").compute_dtype == "bfloat16"
+
+
+def test_zh_bert_80m_has_about_80m_parameters():
+    config = load_config("zh-bert-80m")
+    model = build_masked_lm(config.model, 21128, config.data.seq_len)
+    m = config.model
+    expected = (
+        21128 * m.d_model + config.data.seq_len * m.d_model + 2 * m.d_model  # token + learned positions + LN
+        + m.num_layers * block_params(m.d_model, m.dff)
+        + (m.d_model * m.d_model + m.d_model) + 2 * m.d_model + 21128  # head
+    )
+    assert model.count_params() == expected
+    assert 76_000_000 <= model.count_params() <= 84_000_000

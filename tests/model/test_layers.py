@@ -1,0 +1,180 @@
+"""Transformer building blocks: shapes, serialization, the math of each layer."""
+
+import keras
+import numpy as np
+import pytest
+
+from trainformer.model.layers import (
+    LearnedPositionalEmbedding,
+    PositionalEncoding,
+    ReversibleEmbedding,
+    TransformerEncoderBlock,
+)
+
+RNG = np.random.default_rng(0)
+
+
+def run_layer_test(layer, inputs, expected_shape=None, **call_kwargs):
+    """Call `layer`, check its output shape (and compute_output_shape), then rebuild it from
+    get_config(), copy the weights, and check the clone computes exactly the same thing."""
+    output = np.asarray(layer(inputs, training=False, **call_kwargs))
+    expected_shape = expected_shape or inputs.shape
+    assert output.shape == tuple(expected_shape)
+    config = layer.get_config()
+    # symbolic shape inference (what functional models use) agrees with the eager result
+    symbolic_kwargs = {k: keras.KerasTensor(v.shape, dtype=v.dtype.name) for k, v in call_kwargs.items()}
+    symbolic = type(layer).from_config(config)(keras.KerasTensor(inputs.shape, dtype=inputs.dtype.name), **symbolic_kwargs)
+    assert tuple(symbolic.shape) == tuple(expected_shape)
+    if type(layer).compute_output_shape is not keras.layers.Layer.compute_output_shape:
+        assert tuple(layer.compute_output_shape(inputs.shape)) == tuple(expected_shape)
+    clone = type(layer).from_config(config)
+    assert clone.get_config() == config
+    clone(inputs, training=False, **call_kwargs)  # build
+    assert [w.shape for w in clone.weights] == [w.shape for w in layer.weights]
+    clone.set_weights(layer.get_weights())
+    np.testing.assert_array_equal(np.asarray(clone(inputs, training=False, **call_kwargs)), output)
+    # and through Keras' registered-object serialization, as .keras files use it
+    revived = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
+    assert type(revived) is type(layer) and revived.get_config() == config
+    return output
+
+
+def random(*shape):
+    return RNG.normal(size=shape).astype("float32")
+
+
+# --- positions ------------------------------------------------------------------------------
+
+def test_positional_encoding_layer_contract():
+    run_layer_test(PositionalEncoding(max_length=16), random(2, 10, 8))
+
+
+def test_positional_encoding_values():
+    d, layer = 8, PositionalEncoding(max_length=16)
+    table = np.asarray(layer(np.zeros((1, 12, d), "float32")))[0]  # zero input: the table itself
+    np.testing.assert_array_equal(table[0, 0::2], 0.0)  # sin(0)
+    np.testing.assert_array_equal(table[0, 1::2], 1.0)  # cos(0)
+    for pos in (1, 5, 11):
+        for i in range(d // 2):
+            angle = pos / 10000 ** (2 * i / d)
+            assert table[pos, 2 * i] == pytest.approx(np.sin(angle), abs=1e-6)
+            assert table[pos, 2 * i + 1] == pytest.approx(np.cos(angle), abs=1e-6)
+    x = random(3, 12, d)
+    np.testing.assert_allclose(np.asarray(layer(x)), x + table[None], atol=1e-6)  # added, per position
+    assert layer.weights == [] and layer.trainable_weights == []
+
+
+def test_learned_positional_embedding():
+    layer = LearnedPositionalEmbedding(max_length=16)
+    x = random(2, 10, 8)
+    run_layer_test(layer, x)
+    assert [tuple(w.shape) for w in layer.trainable_weights] == [(16, 8)]
+    positions = layer.get_weights()[0]
+    np.testing.assert_allclose(np.asarray(layer(x)), x + positions[None, :10], atol=1e-6)
+
+
+# --- encoder block --------------------------------------------------------------------------
+
+def test_block_parameter_count_matches_the_seed():
+    """d_model 512, 8 heads, dff 2048: the "Attention Is All You Need" base encoder layer."""
+    block = TransformerEncoderBlock(num_heads=8, dff=2048)
+    block.build((None, 64, 512))
+    assert block.count_params() == 3_152_384
+    shapes = sorted(tuple(w.shape) for w in block.weights)
+    assert (512, 1536) in shapes and (512, 2048) in shapes and (2048, 512) in shapes
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_block_layer_contract(norm):
+    x = random(2, 10, 32)
+    mask = np.ones((2, 10), bool)
+    mask[1, 7:] = False
+    out = run_layer_test(TransformerEncoderBlock(num_heads=4, dff=64, norm=norm), x, padding_mask=mask)
+    assert np.all(np.isfinite(out))
+
+
+def test_post_norm_output_is_normalized_and_pre_norm_is_not():
+    x = 3.0 * random(2, 10, 32) + 1.0
+    post = np.asarray(TransformerEncoderBlock(num_heads=4, dff=64, norm="post")(x))
+    pre = np.asarray(TransformerEncoderBlock(num_heads=4, dff=64, norm="pre")(x))
+    np.testing.assert_allclose(post.mean(-1), 0.0, atol=1e-4)  # LayerNorm last, gamma=1 beta=0
+    np.testing.assert_allclose(post.std(-1), 1.0, atol=1e-3)
+    assert np.abs(pre.std(-1) - 1.0).max() > 0.5  # the residual stream is left alone
+
+
+def test_block_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="norm"):
+        TransformerEncoderBlock(num_heads=2, dff=8, norm="sandwich")
+    with pytest.raises(ValueError, match="divisible"):
+        TransformerEncoderBlock(num_heads=3, dff=8).build((None, 4, 32))
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_padding_mask_hides_padded_positions(norm):
+    block = TransformerEncoderBlock(num_heads=4, dff=64, norm=norm)
+    x = random(2, 10, 32)
+    mask = np.ones((2, 10), bool)
+    mask[0, 7:] = False
+    mask[1, 4:] = False
+    noisy = x.copy()
+    noisy[~mask] = 5.0 * random(int((~mask).sum()), 32)
+    base = np.asarray(block(x, padding_mask=mask, training=False))
+    changed = np.asarray(block(noisy, padding_mask=mask, training=False))
+    np.testing.assert_allclose(changed[mask], base[mask], atol=1e-5)
+    # the check can fail: without the mask the same change leaks into real positions...
+    unmasked = np.asarray(block(noisy, training=False))
+    assert np.abs(unmasked[mask] - np.asarray(block(x, training=False))[mask]).max() > 1e-3
+    # ...and with it, a change at a real position does reach the other real positions
+    real = x.copy()
+    real[0, 0] = random(32)  # (a constant shift would vanish in pre-norm's LayerNorm)
+    moved = np.asarray(block(real, padding_mask=mask, training=False))
+    assert np.abs(moved[0, 1:7] - base[0, 1:7]).max() > 1e-3
+
+
+def test_dropout_only_in_training():
+    block = TransformerEncoderBlock(num_heads=4, dff=64, dropout=0.3)
+    x = random(2, 10, 32)
+    first, second = (np.asarray(block(x, training=True)) for _ in range(2))
+    assert np.abs(first - second).max() > 1e-3
+    a, b = (np.asarray(block(x, training=False)) for _ in range(2))
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(np.asarray(block(x)), a)  # default: inference
+
+
+# --- tied embedding -------------------------------------------------------------------------
+
+def test_reversible_embedding_layer_contract():
+    ids = RNG.integers(0, 50, (2, 7)).astype("int32")
+    run_layer_test(ReversibleEmbedding(50, 16), ids, expected_shape=(2, 7, 16))
+
+
+def test_reverse_is_matmul_with_embedding_transpose_in_float32():
+    layer = ReversibleEmbedding(50, 16)
+    layer.build((None,))
+    x = random(2, 3, 16)
+    logits = layer(x, reverse=True)
+    assert logits.dtype == "float32"
+    assert tuple(layer.compute_output_shape((2, 3, 16), reverse=True)) == (2, 3, 50)
+    matrix = layer.get_weights()[0]
+    assert matrix.shape == (50, 16)
+    np.testing.assert_allclose(np.asarray(logits), x @ matrix.T, rtol=1e-5, atol=1e-6)
+    ids = np.array([[3, 49]], "int32")
+    np.testing.assert_array_equal(np.asarray(layer(ids)), matrix[ids])
+
+
+def test_reverse_gives_float32_under_mixed_precision():
+    layer = ReversibleEmbedding(50, 16, dtype="mixed_bfloat16")
+    hidden = layer(np.array([[1, 2, 3]], "int32"))
+    assert hidden.dtype == "bfloat16"
+    assert layer.embeddings.dtype == "float32"  # the variable stays float32
+    logits = layer(hidden, reverse=True)
+    assert logits.dtype == "float32"
+    matrix = np.asarray(layer.embeddings)
+    expected = np.asarray(keras.ops.cast(hidden, "float32")) @ matrix.T
+    # bf16 inputs: agreement to bf16 precision (the matrix is read through Keras autocast)
+    np.testing.assert_allclose(np.asarray(logits), expected, rtol=0, atol=1e-2 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("layer_class", [PositionalEncoding, LearnedPositionalEmbedding])
+def test_position_layers_implement_compute_output_shape(layer_class):
+    assert tuple(layer_class(max_length=16).compute_output_shape((2, 10, 8))) == (2, 10, 8)

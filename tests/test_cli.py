@@ -1,0 +1,128 @@
+"""End to end through the real command line: a tiny BERT trained on real People's Daily text.
+
+One short run (tens of steps) is shared by the tests below; each asserts one part of the
+contract: the run directory, the logs, eval --json, resume, and one-line user errors.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+TINY = [
+    "--set", "model.d_model=32", "--set", "model.num_layers=1", "--set", "model.num_heads=2",
+    "--set", "model.dff=64", "--set", "data.seq_len=32", "--set", "train.batch_size=16",
+    "--set", "train.learning_rate=3e-3", "--set", "train.warmup_steps=5",
+    "--set", "train.log_every=5", "--set", "train.eval_every=15", "--set", "train.checkpoint_every=10",
+]
+
+
+def trainformer(*args, check=True):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    result = subprocess.run([sys.executable, "-m", "trainformer", *args], capture_output=True, text=True, env=env)
+    if check and result.returncode:
+        raise AssertionError(f"exit {result.returncode}\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A finished 30-step run; returns (run_dir, stdout)."""
+    run_dir = tmp_path_factory.mktemp("runs") / "tiny"
+    result = trainformer("train", "--run-dir", str(run_dir), *TINY, "--set", "train.steps=30")
+    return run_dir, result.stdout
+
+
+def read_metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_run_directory_contract(run):
+    run_dir, stdout = run
+    for name in ("config.yaml", "manifest.json", "tokenizer/vocab.txt", "metrics.jsonl"):
+        assert (run_dir / name).is_file(), name
+    assert (run_dir / "checkpoints" / "checkpoint").is_file()
+    assert (run_dir / "checkpoints" / "best" / "checkpoint").is_file()
+    for split in ("train", "valid"):
+        assert any((run_dir / "logs" / split).glob("events.out.tfevents.*")), split
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["model"]["d_model"] == 32 and config["train"]["steps"] == 30  # resolved, overrides included
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["seed"] == 42 and manifest["num_params"] > 0
+    assert manifest["packages"]["tensorflow"].startswith("2.21")
+    assert len(manifest["data"]["fingerprint"]) == 64 and manifest["data"]["skipped_lines"] == {}
+    assert manifest["final_eval"]["step"] == 30 and manifest["devices"]
+    assert f"run directory: {run_dir}" in stdout and "tensorboard --logdir" in stdout
+
+
+def test_summary_and_progress_lines(run):
+    _, stdout = run
+    assert "parameters" in stdout and "corpus: people-daily-1998" in stdout
+    progress = [line for line in stdout.splitlines() if line.startswith("step ")]
+    assert len(progress) == 6  # every 5 of 30 steps
+    assert all("tok/s" in line and "ETA" in line and "lr " in line for line in progress)
+    assert "most-frequent-token baseline" in stdout
+
+
+def test_loss_decreases_on_real_text(run):
+    run_dir, _ = run
+    train = [entry for entry in read_metrics(run_dir) if entry.get("split") == "train"]
+    assert [entry["step"] for entry in train] == [5, 10, 15, 20, 25, 30]
+    assert train[-1]["loss"] < train[0]["loss"] - 0.5
+
+
+def test_eval_json(run):
+    run_dir, _ = run
+    result = json.loads(trainformer("eval", str(run_dir), "--json").stdout)
+    for key in ("loss", "perplexity", "masked_accuracy", "baseline_accuracy", "step"):
+        assert key in result
+    assert result["step"] == 30
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    # The same fixed cloze targets as the run's own final eval: identical numbers.
+    assert result["loss"] == pytest.approx(manifest["final_eval"]["loss"], rel=1e-5)
+    assert 0 < result["baseline_accuracy"] < 0.2
+
+
+def test_second_train_resumes_from_checkpoint(run, tmp_path):
+    run_dir, _ = run
+    result = trainformer("train", "--run-dir", str(run_dir), *TINY, "--set", "train.steps=40")
+    assert "resuming from checkpoint" in result.stdout and "(step 30/40)" in result.stdout
+    assert "from cache" in result.stdout  # the corpus was not tokenized again
+    steps = [e["step"] for e in read_metrics(run_dir) if e.get("split") == "train"]
+    assert steps[-2:] == [35, 40] and steps.count(30) == 1  # continued, not restarted
+    assert json.loads((run_dir / "manifest.json").read_text())["final_eval"]["step"] == 40
+
+
+def test_changed_model_on_existing_run_is_refused(run):
+    run_dir, _ = run
+    before = (run_dir / "config.yaml").read_text()
+    result = trainformer("train", "--run-dir", str(run_dir), *TINY, "--set", "model.d_model=64", check=False)
+    assert result.returncode == 2
+    assert "model.d_model was 32" in result.stderr and "Traceback" not in result.stderr
+    assert (run_dir / "config.yaml").read_text() == before
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--set", "model.d_modle=64"], "did you mean 'model.d_model'"),
+        (["--set", "model.num_heads=3"], "model.d_model: 256 is not divisible by model.num_heads (3)"),
+        (["--set", "train.steps=many"], "train.steps: expected int"),
+        (["no-such-config.yaml"], "no-such-config.yaml: config file not found"),
+        (["--set", "data.corpus=/no/such/corpus.txt"], "/no/such/corpus.txt: no such file"),
+    ],
+)
+def test_user_errors_are_one_line_and_exit_2(args, message, tmp_path):
+    result = trainformer("train", *args, "--run-dir", str(tmp_path / "run"), check=False)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("trainformer: error:")]
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_eval_of_a_missing_run_dir(tmp_path):
+    result = trainformer("eval", str(tmp_path / "nothing"), check=False)
+    assert result.returncode == 2 and "not a run directory" in result.stderr

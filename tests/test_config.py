@@ -1,0 +1,231 @@
+"""Config loading: built-ins, typed `--set` overrides, and one-line errors that name the
+file, the key and the fix."""
+
+import dataclasses
+
+import pytest
+
+from trainformer.config import (
+    DEFAULT_CONFIG,
+    ConfigError,
+    ExperimentConfig,
+    builtin_names,
+    load_config,
+)
+from trainformer.errors import UserError
+
+REQUIRED_KEYS = {
+    "model.d_model": int, "model.num_layers": int, "model.num_heads": int, "model.dff": int,
+    "model.dropout": float, "model.norm": str, "model.position": str,
+    "data.corpus": str, "data.seq_len": int,
+    "tokenizer.vocab_size": int,
+    "train.steps": int, "train.batch_size": int, "train.learning_rate": float,
+    "train.warmup_steps": int, "train.seed": int, "train.checkpoint_every": int, "train.eval_every": int,
+}
+
+
+def flatten(tree, prefix=""):
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def write(tmp_path, text, name="exp.yaml"):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def error_of(*args, **kwargs) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(*args, **kwargs)
+    assert isinstance(info.value, UserError)  # the CLI turns it into one line + exit 2
+    return str(info.value)
+
+
+# --- built-ins ------------------------------------------------------------------------------
+
+def test_builtin_names_include_both_shipped_configs():
+    assert {"zh-bert-tiny", "zh-bert-80m"} <= set(builtin_names())
+
+
+def test_default_is_zh_bert_tiny():
+    config = load_config()
+    assert DEFAULT_CONFIG == "zh-bert-tiny"
+    assert config.name == "zh-bert-tiny"
+    assert config == load_config("zh-bert-tiny")
+    assert (config.model.d_model, config.model.num_layers, config.model.num_heads) == (256, 4, 4)
+    assert config.train.learning_rate == pytest.approx(1e-3)
+
+
+def test_zh_bert_80m_loads_with_its_own_values():
+    config = load_config("zh-bert-80m")
+    assert config.name == "zh-bert-80m"
+    assert (config.model.d_model, config.model.num_layers, config.model.num_heads) == (768, 9, 12)
+    assert config.model.dff == 3072
+    assert config.model.position == "learned"
+    assert config.tokenizer.vocab_size == 21128
+    assert config.train.precision == "bf16"
+    assert isinstance(config.train.learning_rate, float)
+
+
+@pytest.mark.parametrize("name", ["zh-bert-tiny", "zh-bert-80m"])
+def test_every_key_the_product_needs_exists_with_its_type(name):
+    flat = flatten(load_config(name).to_dict())
+    for key, kind in REQUIRED_KEYS.items():
+        assert key in flat, key
+        assert type(flat[key]) is kind, (key, flat[key])
+
+
+# --- overrides ------------------------------------------------------------------------------
+
+def test_overrides_are_parsed_by_declared_type():
+    config = load_config(None, [
+        "train.steps=200", "train.learning_rate=1e-3", "model.dropout=0", "tokenizer.lowercase=false",
+        "model.norm=pre", "data.corpus=news.txt", "train.warmup_steps = 20",
+    ])
+    assert config.train.steps == 200 and type(config.train.steps) is int
+    assert config.train.learning_rate == 1e-3 and type(config.train.learning_rate) is float
+    assert config.model.dropout == 0.0 and type(config.model.dropout) is float
+    assert config.tokenizer.lowercase is False
+    assert config.model.norm == "pre"
+    assert config.data.corpus == "news.txt"
+    assert config.train.warmup_steps == 20
+    # the rest is untouched
+    assert config.model.d_model == load_config().model.d_model
+
+
+@pytest.mark.parametrize("text, expected", [("true", True), ("1", True), ("yes", True), ("False", False), ("0", False)])
+def test_bool_override_spellings(text, expected):
+    assert load_config(None, [f"tokenizer.lowercase={text}"]).tokenizer.lowercase is expected
+
+
+def test_unknown_override_key_suggests_closest():
+    message = error_of(None, ["train.stesp=3"])
+    assert "train.stesp" in message
+    assert "did you mean 'train.steps'" in message
+
+
+def test_unknown_override_section_suggests_closest():
+    assert "did you mean 'model'" in error_of(None, ["modle.d_model=3"])
+
+
+@pytest.mark.parametrize("item, key", [("train.steps=abc", "train.steps"), ("train.learning_rate=fast", "train.learning_rate"),
+                                       ("tokenizer.lowercase=maybe", "tokenizer.lowercase")])
+def test_override_of_wrong_type_names_the_key(item, key):
+    message = error_of(None, [item])
+    assert key in message
+    assert item.split("=")[1] in message
+
+
+def test_override_without_equals_sign_is_rejected():
+    assert "key=value" in error_of(None, ["train.steps"])
+
+
+# --- YAML files -----------------------------------------------------------------------------
+
+def test_unknown_key_in_file_names_file_and_suggests(tmp_path):
+    path = write(tmp_path, "model:\n  d_modle: 128\n")
+    message = error_of(str(path))
+    assert str(path) in message
+    assert "model.d_modle" in message
+    assert "did you mean 'model.d_model'" in message
+
+
+def test_unknown_key_without_close_match_lists_valid_keys(tmp_path):
+    message = error_of(str(write(tmp_path, "train:\n  zzzzzz: 1\n")))
+    assert "train.zzzzzz" in message and "train.steps" in message
+
+
+def test_wrong_type_in_file_names_the_key(tmp_path):
+    path = write(tmp_path, 'train:\n  steps: "abc"\n')
+    message = error_of(str(path))
+    assert str(path) in message
+    assert "train.steps" in message
+    assert "abc" in message
+
+
+def test_bool_is_not_accepted_as_int(tmp_path):
+    assert "train.steps" in error_of(str(write(tmp_path, "train:\n  steps: true\n")))
+
+
+def test_section_that_is_not_a_mapping_is_rejected(tmp_path):
+    assert "model" in error_of(str(write(tmp_path, "model: 3\n")))
+
+
+def test_file_values_and_defaults_merge(tmp_path):
+    config = load_config(str(write(tmp_path, "model:\n  d_model: 64\n  num_heads: 2\ntrain:\n  learning_rate: 0.01\n")))
+    assert config.name == "exp"  # the file stem
+    assert config.model.d_model == 64 and config.model.num_heads == 2
+    assert config.train.learning_rate == 0.01
+    assert config.model.num_layers == ExperimentConfig().model.num_layers
+
+
+def test_d_model_not_divisible_by_heads_names_both_keys(tmp_path):
+    message = error_of(str(write(tmp_path, "model:\n  d_model: 100\n  num_heads: 3\n")))
+    assert "model.d_model" in message and "model.num_heads" in message
+    assert "model.d_model" in error_of(None, ["model.num_heads=5"])
+
+
+def test_invalid_choice_for_norm(tmp_path):
+    message = error_of(str(write(tmp_path, "model:\n  norm: middle\n")))
+    assert "model.norm" in message and "middle" in message
+    assert "post" in message and "pre" in message
+
+
+@pytest.mark.parametrize("override, key", [
+    ("train.steps=0", "train.steps"), ("model.dropout=1.0", "model.dropout"),
+    ("data.seq_len=4", "data.seq_len"), ("train.warmup_steps=5000", "train.warmup_steps"),
+    ("tokenizer.vocab_size=50", "tokenizer.vocab_size"), ("train.precision=fp8", "train.precision"),
+])
+def test_impossible_values_name_the_key(override, key):
+    assert key in error_of(None, [override])
+
+
+def test_missing_config_file_names_the_path(tmp_path):
+    path = tmp_path / "nope.yaml"
+    message = error_of(str(path))
+    assert str(path) in message
+    assert "not found" in message
+
+
+def test_unknown_builtin_name_lists_builtins():
+    message = error_of("zh-bert-huge")
+    assert "zh-bert-huge" in message and "zh-bert-tiny" in message and "zh-bert-80m" in message
+
+
+def test_invalid_yaml_names_the_line(tmp_path):
+    path = write(tmp_path, "model:\n  d_model: 64\n  num_heads: [2\n  dff: 128\n")
+    message = error_of(str(path))
+    assert str(path) in message
+    assert "line 4" in message
+
+
+def test_top_level_must_be_a_mapping(tmp_path):
+    assert "mapping" in error_of(str(write(tmp_path, "- a\n- b\n")))
+
+
+# --- round trip -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["zh-bert-tiny", "zh-bert-80m"])
+def test_dump_then_load_gives_an_equal_config(tmp_path, name):
+    config = load_config(name, ["train.learning_rate=3e-5", "model.norm=pre", "data.corpus=my news.txt"])
+    path = tmp_path / "config.yaml"
+    config.dump(path)
+    again = load_config(str(path))
+    assert again == config
+    assert dataclasses.asdict(again) == dataclasses.asdict(config)
+
+
+def test_yaml_float_in_exponent_form_is_accepted(tmp_path):
+    config = load_config(str(write(tmp_path, "train:\n  learning_rate: 1e-3\n")))
+    assert config.train.learning_rate == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize("item", ["train=3", "model.d_model.x=3"])
+def test_override_of_a_section_or_through_a_leaf_is_a_config_error(item):
+    error_of(None, [item])

@@ -1,0 +1,133 @@
+"""The learning-rate schedule and the gradient transform that keeps AdamW on the dense math."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from trainformer.train.optim import WarmupLinearDecay, dense_gradients, make_optimizer
+
+VOCAB, D = 10, 4
+IDS = np.array([1, 3, 1, 1, 7, 3])  # repeated ids: the case that matters
+RNG = np.random.default_rng(0)
+E0 = RNG.normal(size=(VOCAB, D)).astype("float32")
+TARGET = RNG.normal(size=(len(IDS), D)).astype("float32")
+
+
+# --- schedule -------------------------------------------------------------------------------
+
+def test_warmup_linear_decay_shape():
+    # Step k is the k-th update (0-based): every one of the 100 updates gets a non-zero rate.
+    schedule = WarmupLinearDecay(peak=1e-3, warmup_steps=10, total_steps=100)
+    lr = np.array([float(schedule(step)) for step in range(0, 121)])
+    assert lr[0] == pytest.approx(1e-4)  # the first update already moves the weights
+    assert lr[9] == pytest.approx(1e-3) and lr.max() == pytest.approx(1e-3)
+    assert lr[99] > 0 and lr[100] == 0.0 and np.all(lr[100:] == 0.0)  # never negative after the end
+    np.testing.assert_allclose(lr[:10], 1e-3 * np.arange(1, 11) / 10, rtol=1e-5)  # linear up
+    np.testing.assert_allclose(lr[10:101], 1e-3 * (100 - np.arange(10, 101)) / 90, rtol=1e-5, atol=1e-9)  # down
+    assert lr[55] == pytest.approx(0.5e-3, rel=1e-5)
+
+
+def test_no_warmup_starts_at_peak():
+    schedule = WarmupLinearDecay(peak=1e-3, warmup_steps=0, total_steps=10)
+    assert float(schedule(0)) == pytest.approx(1e-3)
+
+
+def test_schedule_accepts_tensor_steps_and_serializes():
+    schedule = WarmupLinearDecay(peak=2e-4, warmup_steps=4, total_steps=8)
+    assert float(schedule(tf.constant(2, tf.int64))) == pytest.approx(1.5e-4)
+    clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
+    assert isinstance(clone, WarmupLinearDecay) and clone.get_config() == schedule.get_config()
+
+
+def test_optimizer_uses_the_schedule():
+    optimizer = make_optimizer(peak=0.1, warmup_steps=2, total_steps=4, weight_decay=0.01)
+    assert isinstance(optimizer, keras.optimizers.AdamW)
+    variable = keras.Variable(np.ones(3, "float32"), name="kernel")
+    optimizer.build([variable])
+    seen = []
+    for _ in range(4):
+        seen.append(float(optimizer.learning_rate))
+        optimizer.apply([tf.ones(3)], [variable])
+    np.testing.assert_allclose(seen, [0.05, 0.1, 0.1, 0.05], rtol=1e-6)
+
+
+def test_no_weight_decay_on_biases_and_layernorm():
+    optimizer = make_optimizer(peak=0.1, warmup_steps=1, total_steps=10, weight_decay=0.5)
+    kernel = keras.Variable(np.ones(3, "float32"), name="kernel")
+    bias = keras.Variable(np.ones(3, "float32"), name="bias")
+    gamma = keras.Variable(np.ones(3, "float32"), name="gamma")
+    for _ in range(3):  # zero gradients: only weight decay can move a variable
+        optimizer.apply([tf.zeros(3)] * 3, [kernel, bias, gamma])
+    assert np.all(np.asarray(kernel) < 1.0)
+    np.testing.assert_array_equal(np.asarray(bias), 1.0)
+    np.testing.assert_array_equal(np.asarray(gamma), 1.0)
+
+
+# --- dense gradients ------------------------------------------------------------------------
+
+def embedding_gradient(embedding):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum((embedding(IDS) - TARGET) ** 2)
+    return tape.gradient(loss, embedding.trainable_variables)
+
+
+def make_embedding():
+    embedding = keras.layers.Embedding(VOCAB, D)
+    embedding.build()
+    embedding.embeddings.assign(E0)
+    return embedding
+
+
+def test_embedding_gradient_becomes_dense_per_id_sum():
+    (sparse,) = embedding_gradient(make_embedding())
+    assert isinstance(sparse, tf.IndexedSlices)
+    assert sparse.values.shape[0] == len(IDS)  # one row per occurrence
+    (dense,) = dense_gradients([sparse])
+    assert not isinstance(dense, tf.IndexedSlices)
+    assert isinstance(dense, tf.Tensor) and tuple(dense.shape) == (VOCAB, D)
+    manual = np.zeros((VOCAB, D), "float32")
+    np.add.at(manual, IDS, 2 * (E0[IDS] - TARGET))
+    np.testing.assert_allclose(dense.numpy(), manual, rtol=1e-6, atol=1e-6)
+
+
+def test_dense_gradients_leaves_other_entries_alone():
+    tensor = tf.ones([2, 2])
+    out = dense_gradients([tensor, None])
+    assert out[0] is tensor and out[1] is None
+
+
+def train_three_steps(gradient_fn, variables, transform=lambda g: g):
+    optimizer = make_optimizer(peak=0.05, warmup_steps=1, total_steps=10, weight_decay=0.01)
+    for _ in range(3):
+        optimizer.apply(transform(gradient_fn()), variables)
+    return np.asarray(variables[0])
+
+
+def one_hot_reference():
+    """The same loss through a dense one-hot matmul: what AdamW's math is defined on."""
+    matrix = keras.Variable(E0, name="embeddings")
+
+    def gradient():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum((tf.one_hot(IDS, VOCAB) @ matrix - TARGET) ** 2)
+        gradients = tape.gradient(loss, [matrix])
+        assert not isinstance(gradients[0], tf.IndexedSlices)
+        return gradients
+
+    return train_three_steps(gradient, [matrix])
+
+
+def test_adamw_on_dense_gradients_matches_dense_math():
+    embedding = make_embedding()
+    ours = train_three_steps(lambda: embedding_gradient(embedding), embedding.trainable_variables, dense_gradients)
+    reference = one_hot_reference()
+    assert np.abs(ours - E0).max() > 1e-2  # the steps really moved the weights
+    np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-6)
+
+
+def test_adamw_on_raw_slices_does_not_match_dense_math():
+    """Why dense_gradients exists: with repeated ids, slices give a different update."""
+    embedding = make_embedding()
+    raw = train_three_steps(lambda: embedding_gradient(embedding), embedding.trainable_variables)
+    assert np.abs(raw - one_hot_reference()).max() > 1e-3
