@@ -109,7 +109,7 @@ def test_changed_model_on_existing_run_is_refused(run):
     "args, message",
     [
         (["--set", "model.d_modle=64"], "did you mean 'model.d_model'"),
-        (["--set", "model.num_heads=3"], "model.d_model: 256 is not divisible by model.num_heads (3)"),
+        (["--set", "model.num_heads=3"], "model.d_model: 128 is not divisible by model.num_heads (3)"),
         (["--set", "train.steps=many"], "train.steps: expected int"),
         (["no-such-config.yaml"], "no-such-config.yaml: config file not found"),
         (["--set", "data.corpus=/no/such/corpus.txt"], "/no/such/corpus.txt: no such file"),

@@ -58,7 +58,7 @@ def test_default_is_zh_bert_tiny():
     assert DEFAULT_CONFIG == "zh-bert-tiny"
     assert config.name == "zh-bert-tiny"
     assert config == load_config("zh-bert-tiny")
-    assert (config.model.d_model, config.model.num_layers, config.model.num_heads) == (256, 4, 4)
+    assert (config.model.d_model, config.model.num_layers, config.model.num_heads) == (128, 2, 2)
     assert config.train.learning_rate == pytest.approx(1e-3)
 
 
