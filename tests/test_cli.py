@@ -6,8 +6,10 @@ contract: the run directory, the logs, eval --json, resume, and one-line user er
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -94,6 +96,28 @@ def test_second_train_resumes_from_checkpoint(run, tmp_path):
     steps = [e["step"] for e in read_metrics(run_dir) if e.get("split") == "train"]
     assert steps[-2:] == [35, 40] and steps.count(30) == 1  # continued, not restarted
     assert json.loads((run_dir / "manifest.json").read_text())["final_eval"]["step"] == 40
+
+
+def test_run_killed_mid_training_resumes_cleanly(tmp_path):
+    """kill -9 right after the first checkpoint lands: the rerun must find a loadable
+    checkpoint, intact run files, and finish the run."""
+    run_dir = tmp_path / "run"
+    args = ["train", "--run-dir", str(run_dir), *TINY, "--set", "train.steps=120"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    process = subprocess.Popen([sys.executable, "-m", "trainformer", *args], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while not (run_dir / "checkpoints" / "checkpoint").exists():
+        assert process.poll() is None, "training ended before its first checkpoint"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+
+    result = trainformer(*args)
+    assert "resuming from checkpoint" in result.stdout
+    assert json.loads((run_dir / "manifest.json").read_text())["final_eval"]["step"] == 120
+    read_metrics(run_dir)  # every line still parses
 
 
 def test_changed_model_on_existing_run_is_refused(run):

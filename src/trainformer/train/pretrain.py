@@ -76,10 +76,10 @@ def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout) -> dict:
     """Train (or resume) a masked-LM run in run_dir and return the final valid metrics."""
     say = lambda text: print(text, file=out, flush=True)  # noqa: E731
     run = RunDir(run_dir)
-    resumed = run.prepare(config)
-    keras.utils.set_random_seed(config.train.seed)
-    data = prepare_data(config, run, say)
+    run.prepare(config)
     train_cfg = config.train
+    keras.utils.set_random_seed(train_cfg.seed)
+    data = prepare_data(config, run, say)
     if len(data.train_windows) < train_cfg.batch_size:
         raise UserError(
             f"train.batch_size: {train_cfg.batch_size} is more than the {len(data.train_windows)} "
@@ -105,11 +105,37 @@ def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout) -> dict:
     valid = eval_batches(data.valid_windows, train_cfg.batch_size, EVAL_SEED, config.data.mask_rate,
                          data.tokenizer.vocab_size)
 
-    manifest = run.read_manifest() if restored else {}
+    manifest = start_manifest(run, config, data, model.count_params(), resumed=bool(restored), start_step=start_step)
+    monitor = Monitor(run.metrics_file, run.logs_dir, train_cfg.steps, train_cfg.batch_size * config.data.seq_len, out)
+    print_summary(say, config, data, model.count_params(), run)
+    if restored:
+        say(f"resuming from checkpoint {restored} (step {start_step}/{train_cfg.steps})")
+        monitor.record({"event": "resume", "step": start_step, "checkpoint": restored, "time": time.time()})
+    if start_step >= train_cfg.steps:
+        say(f"nothing left to train: step {start_step} >= train.steps {train_cfg.steps} "
+            f"(raise it with --set train.steps=N to train longer)")
+
+    started = time.perf_counter()
+    final = trainer.fit(iterator, valid, data.baseline_id, monitor, checkpoints) or trainer.evaluate(
+        valid, data.baseline_id
+    )
+    monitor.close()
+    final = {**final, "step": int(trainer.step.numpy())}
+    manifest["segments"][-1].update({"ended_at": now(), "to_step": final["step"]})
+    manifest.update({"ended_at": now(), "final_eval": final})
+    run.write_manifest(manifest)
+    print_result(say, final, run, time.perf_counter() - started)
+    return final
+
+
+def start_manifest(run: RunDir, config: ExperimentConfig, data: Data, num_params: int, resumed: bool,
+                   start_step: int) -> dict:
+    """Write manifest.json for this run segment (a resumed run keeps its earlier segments)."""
+    manifest = run.read_manifest() if resumed else {}
     manifest.update({
         "name": config.name,
-        "seed": train_cfg.seed,
-        "num_params": model.count_params(),
+        "seed": config.train.seed,
+        "num_params": num_params,
         "vocab_size": data.tokenizer.vocab_size,
         "devices": describe_devices(),
         "data": {
@@ -127,42 +153,27 @@ def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout) -> dict:
     manifest.setdefault("started_at", now())
     manifest.setdefault("segments", []).append({"started_at": now(), "from_step": start_step})
     run.write_manifest(manifest)
+    return manifest
 
-    tokens_per_step = train_cfg.batch_size * config.data.seq_len
-    monitor = Monitor(run.metrics_file, run.logs_dir, train_cfg.steps, tokens_per_step, out)
-    m = config.model
+
+def print_summary(say, config: ExperimentConfig, data: Data, num_params: int, run: RunDir) -> None:
+    m, t = config.model, config.train
     say(f"model: {m.num_layers} layers, d_model {m.d_model}, {m.num_heads} heads, dff {m.dff}, {m.norm}-LN, "
-        f"{m.position} positions, vocab {data.tokenizer.vocab_size:,}: {model.count_params():,} parameters, "
-        f"{train_cfg.precision}")
+        f"{m.position} positions, vocab {data.tokenizer.vocab_size:,}: {num_params:,} parameters, {t.precision}")
     say(f"devices: {', '.join(describe_devices())}; tokenized data {'from cache' if data.was_cached else 'cached'} "
         f"in {run.cache_dir}")
     say(f"data: {len(data.train_windows):,} train / {len(data.valid_windows):,} valid windows of "
-        f"{config.data.seq_len} tokens; batch {train_cfg.batch_size} ({tokens_per_step:,} tokens/step)")
-    if restored:
-        say(f"resuming from checkpoint {restored} (step {start_step}/{train_cfg.steps})")
-        monitor.record({"event": "resume", "step": start_step, "checkpoint": restored, "time": time.time()})
-    if start_step >= train_cfg.steps:
-        say(f"nothing left to train: step {start_step} >= train.steps {train_cfg.steps} "
-            f"(raise it with --set train.steps=N to train longer)")
+        f"{config.data.seq_len} tokens; batch {t.batch_size} ({t.batch_size * config.data.seq_len:,} tokens/step)")
 
-    started = time.perf_counter()
-    final = trainer.fit(iterator, valid, data.baseline_id, monitor, checkpoints) or trainer.evaluate(
-        valid, data.baseline_id
-    )
-    monitor.close()
 
-    final = {**final, "step": int(trainer.step.numpy())}
-    manifest["segments"][-1].update({"ended_at": now(), "to_step": final["step"]})
-    manifest.update({"ended_at": now(), "final_eval": final})
-    run.write_manifest(manifest)
-    say(f"done in {format_duration(time.perf_counter() - started)}: step {final['step']}, "
+def print_result(say, final: dict, run: RunDir, seconds: float) -> None:
+    ratio = final["masked_accuracy"] / max(final["baseline_accuracy"], 1e-9)
+    say(f"done in {format_duration(seconds)}: step {final['step']}, "
         f"valid loss {final['loss']:.4f} (perplexity {final['perplexity']:.1f})")
     say(f"held-out masked-token accuracy {final['masked_accuracy']:.2%} vs most-frequent-token baseline "
-        f"{final['baseline_accuracy']:.2%} ({final['masked_accuracy'] / max(final['baseline_accuracy'], 1e-9):.1f}x), "
-        f"on {final['num_targets']:,} masked tokens")
+        f"{final['baseline_accuracy']:.2%} ({ratio:.1f}x), on {final['num_targets']:,} masked tokens")
     say(f"run directory: {run.root}")
     say(f"TensorBoard:   tensorboard --logdir {run.logs_dir}")
-    return final
 
 
 def evaluate(run_dir: Path, split: str = "valid", which: str = "latest") -> dict:

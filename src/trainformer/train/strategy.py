@@ -8,9 +8,12 @@ import tensorflow as tf
 
 
 def make_strategy() -> tf.distribute.Strategy:
-    """Mirrored over all GPUs when there is more than one, otherwise one device.
+    """One device: the first GPU if there is one, else the CPU.
 
-    GPU memory growth is switched on first so TF does not grab all memory of every GPU.
+    The loop already runs through `strategy.run`, but gradient clipping and aggregation across
+    replicas are not yet validated for MirroredStrategy, so more GPUs are not used silently
+    with a subtly different update. GPU memory growth is switched on first so TF does not
+    reserve all memory of the GPU.
     """
     gpus = tf.config.list_physical_devices("GPU")
     for gpu in gpus:
@@ -18,8 +21,6 @@ def make_strategy() -> tf.distribute.Strategy:
             tf.config.experimental.set_memory_growth(gpu, True)
         except RuntimeError:  # devices already initialised (e.g. a second run in one process)
             pass
-    if len(gpus) > 1:
-        return tf.distribute.MirroredStrategy()
     return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
 
 
@@ -29,5 +30,5 @@ def describe_devices() -> list[str]:
     lines = []
     for index, gpu in enumerate(gpus):
         details = tf.config.experimental.get_device_details(gpu)
-        lines.append(f"GPU:{index} {details.get('device_name', 'GPU')}")
+        lines.append(f"GPU:{index} {details.get('device_name', 'GPU')}" + (" (used)" if index == 0 else " (idle)"))
     return lines or [f"CPU ({os.cpu_count()} cores)"]
