@@ -150,3 +150,7 @@ def test_user_errors_are_one_line_and_exit_2(args, message, tmp_path):
 def test_eval_of_a_missing_run_dir(tmp_path):
     result = trainformer("eval", str(tmp_path / "nothing"), check=False)
     assert result.returncode == 2 and "not a run directory" in result.stderr
+
+
+def test_data_list_names_the_builtin_corpus():
+    assert "people-daily-1998" in trainformer("data", "list").stdout

@@ -9,8 +9,9 @@ import pytest
 import tensorflow as tf
 
 from trainformer.data.tokenizer import (
-    CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, UNK_ID, Tokenizer, hf_wordpiece,
+    CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, UNK_ID, Tokenizer, copy_vocab, hf_wordpiece,
 )
+from trainformer.errors import UserError
 
 
 def test_vocab_starts_with_special_tokens(vocab_dir, tokenizer):
@@ -87,3 +88,27 @@ def test_literal_special_token_text_never_becomes_a_special_id(tokenizer):
     """User text cannot inject [MASK]/[SEP]/...: they are tokenized as ordinary characters."""
     ids = tokenizer(tf.constant(["中国[MASK]人", "[SEP]", "[CLS] [PAD]"])).flat_values.numpy()
     assert not np.isin(ids, [PAD_ID, CLS_ID, SEP_ID, MASK_ID]).any()
+
+
+def test_copy_vocab_reuses_a_vocabulary_exactly(vocab_dir, tmp_path):
+    copied = copy_vocab(str(vocab_dir / "vocab.txt"), tmp_path / "tok", lowercase=True)
+    assert copied.read_text(encoding="utf-8") == (vocab_dir / "vocab.txt").read_text(encoding="utf-8")
+    assert Tokenizer.load(tmp_path / "tok").vocab == Tokenizer.load(vocab_dir).vocab
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [("[PAD]\n[UNK]\n[CLS]\n[MASK]\n[SEP]\n中\n", "vocab.txt:4: expected special token [SEP]"),
+     ("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n", "holds no tokens beyond the special tokens")],
+)
+def test_copy_vocab_rejects_a_file_without_our_special_tokens(tmp_path, text, message):
+    source = tmp_path / "vocab.txt"
+    source.write_text(text, encoding="utf-8")
+    with pytest.raises(UserError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        copy_vocab(str(source), tmp_path / "tok", lowercase=True)
+    assert not (tmp_path / "tok").exists()  # nothing half-written
+
+
+def test_copy_vocab_names_a_missing_file(tmp_path):
+    with pytest.raises(UserError, match="tokenizer.vocab_file: .*missing.txt: no such file"):
+        copy_vocab(str(tmp_path / "missing.txt"), tmp_path / "tok", lowercase=True)
