@@ -120,6 +120,28 @@ def test_run_killed_mid_training_resumes_cleanly(tmp_path):
     read_metrics(run_dir)  # every line still parses
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_ctrl_c_save_and_exit_0(tmp_path, signum):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trainformer", "train", "--run-dir", str(run_dir), *TINY, "--set", "train.steps=100000"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    for line in process.stdout:  # wait until training is under way
+        if line.startswith("step "):
+            break
+    process.send_signal(signum)
+    stdout, _ = process.communicate(timeout=60)
+    assert process.returncode == 0
+    name = signal.Signals(signum).name
+    assert f"{name}: stopped at step" in stdout and "run the same command again to resume" in stdout
+    step = int(stdout.split("stopped at step ")[1].split("/")[0])
+    assert step >= 5 and (run_dir / "checkpoints" / f"ckpt-{step}.index").is_file()
+    segment = json.loads((run_dir / "manifest.json").read_text())["segments"][-1]
+    assert segment["to_step"] == step and segment["stopped_by"] == name
+
+
 def test_changed_model_on_existing_run_is_refused(run):
     run_dir, _ = run
     before = (run_dir / "config.yaml").read_text()

@@ -54,13 +54,15 @@ class TokenizerConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = 1000
-    batch_size: int = 32
+    steps: int = 1000  # optimizer updates
+    batch_size: int = 32  # windows per micro-batch
+    accumulate: int = 1  # micro-batches per update: one update sees accumulate x batch_size windows
     learning_rate: float = 1e-3
     warmup_steps: int = 100
     weight_decay: float = 0.01
     clip_norm: float = 1.0
     precision: str = "fp32"  # fp32 | bf16 (mixed: bf16 compute, fp32 variables and loss)
+    xla: str = "auto"  # auto (on for GPU, off on CPU where it measured slower) | on | off
     seed: int = 42
     log_every: int = 50
     eval_every: int = 250
@@ -87,6 +89,7 @@ CHOICES = {
     "model.norm": ("post", "pre"),
     "model.position": ("sinusoidal", "learned"),
     "train.precision": ("fp32", "bf16"),
+    "train.xla": ("auto", "on", "off"),
 }
 
 
@@ -158,7 +161,7 @@ def validate(config: ExperimentConfig, origin: str) -> None:
     positive = {
         "model.d_model": m.d_model, "model.num_layers": m.num_layers, "model.num_heads": m.num_heads,
         "model.dff": m.dff, "tokenizer.vocab_size": tok.vocab_size, "train.steps": t.steps,
-        "train.batch_size": t.batch_size, "train.learning_rate": t.learning_rate,
+        "train.batch_size": t.batch_size, "train.accumulate": t.accumulate, "train.learning_rate": t.learning_rate,
         "train.log_every": t.log_every, "train.eval_every": t.eval_every,
         "train.checkpoint_every": t.checkpoint_every, "train.keep_checkpoints": t.keep_checkpoints,
         "tokenizer.min_frequency": tok.min_frequency,

@@ -15,6 +15,7 @@ from trainformer.config import TrainConfig
 from trainformer.train.checkpoint import Checkpoints
 from trainformer.train.monitor import Monitor
 from trainformer.train.optim import dense_gradients
+from trainformer.train.preemption import StopRequest
 
 SUM = tf.distribute.ReduceOp.SUM
 
@@ -32,6 +33,13 @@ def masked_lm_sums(logits: tf.Tensor, targets: dict) -> dict[str, tf.Tensor]:
         "correct": tf.reduce_sum(hits * weights),
         "count": tf.reduce_sum(weights),
     }
+
+
+def use_xla(setting: str) -> bool:
+    """`auto`: XLA on GPU/TPU; off on CPU, where it measured slower (DESIGN.md)."""
+    if setting == "auto":
+        return bool(tf.config.list_physical_devices("GPU") or tf.config.list_physical_devices("TPU"))
+    return setting == "on"
 
 
 class Evaluator:
@@ -71,7 +79,8 @@ class Evaluator:
 
 
 class Trainer:
-    """Trains a masked-LM model with AdamW, global-norm clipping and dense embedding gradients.
+    """Trains a masked-LM model with AdamW, global-norm clipping and dense embedding gradients,
+    optionally accumulating gradients over several micro-batches per update.
 
     Model and optimizer must have been created under `strategy.scope()`.
     """
@@ -85,40 +94,81 @@ class Trainer:
         with strategy.scope():
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             optimizer.build(model.trainable_variables)  # create slots now, so a restore fills them
+        # XLA compiles the replica computations (model, loss, gradients, update); fetching
+        # batches stays outside, since iterators cannot be compiled.
+        jit = use_xla(config.xla)
+        self._compiled_step = tf.function(self._replica_step, jit_compile=jit)
+        self._compiled_gradients = tf.function(self._replica_gradients, jit_compile=jit)
+        self._compiled_update = tf.function(self._replica_update, jit_compile=jit)
         self._train_step = tf.function(self._distributed_train_step)
         self.evaluate = Evaluator(model)
 
-    def _replica_step(self, inputs: dict, targets: dict) -> dict:
-        variables = self.model.trainable_variables
-        context = tf.distribute.get_replica_context()
-        # Normalise by the masked tokens of the global batch, so replicas add up to one mean.
-        global_count = context.all_reduce(SUM, tf.reduce_sum(targets["masked_weights"]))
+    def _replica_gradients(self, inputs: dict, targets: dict) -> tuple[list, dict]:
+        """Gradients of the *summed* masked-token loss of one micro-batch (normalised later, once
+        the number of masked tokens of the whole update is known), and the loss/accuracy sums."""
         with tf.GradientTape() as tape:
-            logits = self.model(inputs, training=True)
-            sums = masked_lm_sums(logits, targets)
-            loss = sums["loss_sum"] / tf.maximum(global_count, 1.0)
-        gradients = dense_gradients(tape.gradient(loss, variables))
+            sums = masked_lm_sums(self.model(inputs, training=True), targets)
+        return dense_gradients(tape.gradient(sums["loss_sum"], self.model.trainable_variables)), sums
+
+    def _replica_update(self, gradient_sums: list, count: tf.Tensor) -> tf.Tensor:
+        """Mean over the masked tokens of the global batch, clip, apply; returns the grad norm."""
+        context = tf.distribute.get_replica_context()
+        global_count = tf.maximum(context.all_reduce(SUM, count), 1.0)
+        gradients = [g / global_count for g in gradient_sums]
         gradients, grad_norm = tf.clip_by_global_norm(gradients, self.config.clip_norm)
-        self.optimizer.apply_gradients(zip(gradients, variables))
-        return {**sums, "grad_norm": grad_norm}
+        self.optimizer.apply_gradients(zip(gradients, self.model.trainable_variables))
+        return grad_norm
+
+    def _replica_step(self, inputs: dict, targets: dict) -> dict:
+        gradients, sums = self._replica_gradients(inputs, targets)
+        return {**sums, "grad_norm": self._replica_update(gradients, sums["count"])}
 
     def _distributed_train_step(self, iterator) -> dict:
-        inputs, targets = next(iterator)
-        results = self.strategy.run(self._replica_step, args=(inputs, targets))
+        """One optimizer update from `accumulate` micro-batches."""
+        if self.config.accumulate == 1:
+            results = self.strategy.run(self._compiled_step, args=next(iterator))
+        else:
+            results = self._accumulated_step(iterator)
         self.step.assign_add(1)
         reduced = {k: self.strategy.reduce(SUM, v, axis=None) for k, v in results.items()}
         reduced["grad_norm"] /= self.strategy.num_replicas_in_sync
         return reduced
 
+    def _accumulated_step(self, iterator) -> dict:
+        variables = self.model.trainable_variables
+        gradient_sums = [tf.zeros_like(v) for v in variables]
+        sums = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
+        for _ in tf.range(self.config.accumulate):
+            gradients, micro_sums = self.strategy.run(self._compiled_gradients, args=next(iterator))
+            gradient_sums = [total + g for total, g in zip(gradient_sums, gradients)]
+            sums = {k: sums[k] + micro_sums[k] for k in sums}
+        grad_norm = self.strategy.run(self._compiled_update, args=(gradient_sums, sums["count"]))
+        return {**sums, "grad_norm": grad_norm}
+
     def fit(self, iterator, eval_batches: list, baseline_id: int, monitor: Monitor,
             checkpoints: Checkpoints) -> dict | None:
         """Train from the current step to config.steps, logging, evaluating and checkpointing.
-        Returns the last eval's metrics (None when there was nothing to train)."""
+
+        Returns the last eval's metrics (None when there was nothing to train). On SIGTERM or
+        Ctrl-C it finishes the current step, saves a checkpoint and returns; `stopped_by` then
+        names the signal.
+        """
+        self.stopped_by = None
+        with StopRequest() as stop:
+            return self._fit(iterator, eval_batches, baseline_id, monitor, checkpoints, stop)
+
+    def _fit(self, iterator, eval_batches, baseline_id, monitor, checkpoints, stop) -> dict | None:
         config = self.config
         step = int(self.step.numpy())
         totals: dict[str, tf.Tensor] = {}
         metrics = None
         while step < config.steps:
+            if stop.signal_name:
+                with monitor.not_training():
+                    checkpoints.save(step)
+                self.stopped_by = stop.signal_name
+                monitor.record({"event": "stopped", "signal": stop.signal_name, "step": step})
+                return None
             results = self._train_step(iterator)
             step += 1
             monitor.step_done()

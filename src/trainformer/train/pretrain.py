@@ -73,7 +73,8 @@ def build_model(config: ExperimentConfig, vocab_size: int) -> keras.Model:
 
 
 def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout) -> dict:
-    """Train (or resume) a masked-LM run in run_dir and return the final valid metrics."""
+    """Train (or resume) a masked-LM run in run_dir and return the final valid metrics
+    ({"step", "stopped_by"} instead when SIGTERM or Ctrl-C stopped it early)."""
     say = lambda text: print(text, file=out, flush=True)  # noqa: E731
     run = RunDir(run_dir)
     run.prepare(config)
@@ -99,14 +100,15 @@ def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout) -> dict:
     start_step = int(trainer.step.numpy())
     dataset = train_dataset(
         data.train_windows, train_cfg.batch_size, train_cfg.seed, config.data.mask_rate, data.tokenizer.vocab_size,
-        start_batch=start_step,
+        start_batch=start_step * train_cfg.accumulate,
     )
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
     valid = eval_batches(data.valid_windows, train_cfg.batch_size, EVAL_SEED, config.data.mask_rate,
                          data.tokenizer.vocab_size)
 
     manifest = start_manifest(run, config, data, model.count_params(), resumed=bool(restored), start_step=start_step)
-    monitor = Monitor(run.metrics_file, run.logs_dir, train_cfg.steps, train_cfg.batch_size * config.data.seq_len, out)
+    tokens_per_step = train_cfg.accumulate * train_cfg.batch_size * config.data.seq_len
+    monitor = Monitor(run.metrics_file, run.logs_dir, train_cfg.steps, tokens_per_step, out)
     print_summary(say, config, data, model.count_params(), run)
     if restored:
         say(f"resuming from checkpoint {restored} (step {start_step}/{train_cfg.steps})")
@@ -116,9 +118,16 @@ def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout) -> dict:
             f"(raise it with --set train.steps=N to train longer)")
 
     started = time.perf_counter()
-    final = trainer.fit(iterator, valid, data.baseline_id, monitor, checkpoints) or trainer.evaluate(
-        valid, data.baseline_id
-    )
+    final = trainer.fit(iterator, valid, data.baseline_id, monitor, checkpoints)
+    if trainer.stopped_by:
+        monitor.close()
+        step = int(trainer.step.numpy())
+        manifest["segments"][-1].update({"ended_at": now(), "to_step": step, "stopped_by": trainer.stopped_by})
+        run.write_manifest(manifest)
+        say(f"{trainer.stopped_by}: stopped at step {step}/{train_cfg.steps} and saved a checkpoint; "
+            f"run the same command again to resume")
+        return {"step": step, "stopped_by": trainer.stopped_by}
+    final = final or trainer.evaluate(valid, data.baseline_id)
     monitor.close()
     final = {**final, "step": int(trainer.step.numpy())}
     manifest["segments"][-1].update({"ended_at": now(), "to_step": final["step"]})
@@ -162,8 +171,10 @@ def print_summary(say, config: ExperimentConfig, data: Data, num_params: int, ru
         f"{m.position} positions, vocab {data.tokenizer.vocab_size:,}: {num_params:,} parameters, {t.precision}")
     say(f"devices: {', '.join(describe_devices())}; tokenized data {'from cache' if data.was_cached else 'cached'} "
         f"in {run.cache_dir}")
+    accumulate = f" x {t.accumulate} accumulated" if t.accumulate > 1 else ""
+    tokens = t.accumulate * t.batch_size * config.data.seq_len
     say(f"data: {len(data.train_windows):,} train / {len(data.valid_windows):,} valid windows of "
-        f"{config.data.seq_len} tokens; batch {t.batch_size} ({t.batch_size * config.data.seq_len:,} tokens/step)")
+        f"{config.data.seq_len} tokens; batch {t.batch_size}{accumulate} ({tokens:,} tokens/step)")
 
 
 def print_result(say, final: dict, run: RunDir, seconds: float) -> None:
