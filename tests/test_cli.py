@@ -5,29 +5,13 @@ contract: the run directory, the logs, eval --json, resume, and one-line user er
 """
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 import yaml
-
-TINY = [
-    "--set", "model.d_model=32", "--set", "model.num_layers=1", "--set", "model.num_heads=2",
-    "--set", "model.dff=64", "--set", "data.seq_len=32", "--set", "train.batch_size=16",
-    "--set", "train.learning_rate=3e-3", "--set", "train.warmup_steps=5",
-    "--set", "train.log_every=5", "--set", "train.eval_every=15", "--set", "train.checkpoint_every=10",
-]
-
-
-def trainformer(*args, check=True):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    result = subprocess.run([sys.executable, "-m", "trainformer", *args], capture_output=True, text=True, env=env)
-    if check and result.returncode:
-        raise AssertionError(f"exit {result.returncode}\n{result.stdout}\n{result.stderr}")
-    return result
+from cli_helpers import TINY, read_metrics, start, trainformer
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +20,6 @@ def run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("runs") / "tiny"
     result = trainformer("train", "--run-dir", str(run_dir), *TINY, "--set", "train.steps=30")
     return run_dir, result.stdout
-
-
-def read_metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_run_directory_contract(run):
@@ -103,9 +83,7 @@ def test_run_killed_mid_training_resumes_cleanly(tmp_path):
     checkpoint, intact run files, and finish the run."""
     run_dir = tmp_path / "run"
     args = ["train", "--run-dir", str(run_dir), *TINY, "--set", "train.steps=120"]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    process = subprocess.Popen([sys.executable, "-m", "trainformer", *args], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = start(*args)
     deadline = time.monotonic() + 180
     while not (run_dir / "checkpoints" / "checkpoint").exists():
         assert process.poll() is None, "training ended before its first checkpoint"
@@ -123,11 +101,7 @@ def test_run_killed_mid_training_resumes_cleanly(tmp_path):
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_sigterm_and_ctrl_c_save_and_exit_0(tmp_path, signum):
     run_dir = tmp_path / "run"
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "trainformer", "train", "--run-dir", str(run_dir), *TINY, "--set", "train.steps=100000"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )
+    process = start("train", "--run-dir", str(run_dir), *TINY, "--set", "train.steps=100000", stdout=subprocess.PIPE)
     for line in process.stdout:  # wait until training is under way
         if line.startswith("step "):
             break

@@ -64,6 +64,7 @@ class TrainConfig:
     precision: str = "fp32"  # fp32 | bf16 (mixed: bf16 compute, fp32 variables and loss)
     xla: str = "auto"  # auto (on for GPU, off on CPU where it measured slower) | on | off
     seed: int = 42
+    deterministic: bool = False  # op determinism: same config + same vocabulary -> bitwise-equal weights
     log_every: int = 50
     eval_every: int = 250
     checkpoint_every: int = 250

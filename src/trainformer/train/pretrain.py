@@ -12,6 +12,7 @@ from pathlib import Path
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from trainformer.config import ExperimentConfig
 from trainformer.data.corpus import Corpus, load_corpus
@@ -79,7 +80,13 @@ def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout) -> dict:
     run = RunDir(run_dir)
     run.prepare(config)
     train_cfg = config.train
-    keras.utils.set_random_seed(train_cfg.seed)
+    keras.utils.set_random_seed(train_cfg.seed)  # Python, NumPy and TF seeds: model init, dropout
+    if train_cfg.deterministic:
+        # Deterministic kernels; our own jit_compile functions keep XLA (DESIGN.md).
+        tf.config.experimental.enable_op_determinism()
+        if not (run.tokenizer_dir / VOCAB_FILE).is_file() and not config.tokenizer.vocab_file:
+            say("note: vocabulary training is not deterministic (huggingface/tokenizers#1794): "
+                "set tokenizer.vocab_file to compare fresh runs bit for bit")
     data = prepare_data(config, run, say)
     if len(data.train_windows) < train_cfg.batch_size:
         raise UserError(

@@ -1,0 +1,32 @@
+"""Running the real `trainformer` command in a subprocess, for end-to-end tests."""
+
+import json
+import os
+import subprocess
+import sys
+
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+# A tiny BERT on real People's Daily text: tens of steps take seconds.
+TINY = [
+    "--set", "model.d_model=32", "--set", "model.num_layers=1", "--set", "model.num_heads=2",
+    "--set", "model.dff=64", "--set", "data.seq_len=32", "--set", "train.batch_size=16",
+    "--set", "train.learning_rate=3e-3", "--set", "train.warmup_steps=5",
+    "--set", "train.log_every=5", "--set", "train.eval_every=15", "--set", "train.checkpoint_every=10",
+]
+
+
+def trainformer(*args, check=True):
+    result = subprocess.run([sys.executable, "-m", "trainformer", *args], capture_output=True, text=True, env=ENV)
+    if check and result.returncode:
+        raise AssertionError(f"exit {result.returncode}\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def start(*args, stdout=subprocess.DEVNULL) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "trainformer", *args], env=ENV, stdout=stdout,
+                            stderr=subprocess.DEVNULL, text=True)
+
+
+def read_metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
