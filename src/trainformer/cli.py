@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from trainformer.errors import UserError
+from trainformer.errors import TrainingError, UserError
 
 EXIT_USER_ERROR = 2
 
@@ -46,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"trainformer: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except TrainingError as err:
+        if args.debug:
+            raise
+        print(f"trainformer: training stopped: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("trainformer: interrupted; rerun the same command to resume from the last checkpoint", file=sys.stderr)
         return 130

@@ -7,3 +7,7 @@ class UserError(Exception):
     The message must name the problem precisely enough to fix it without a
     traceback: the file, the key or line, and what is wrong.
     """
+
+
+class TrainingError(Exception):
+    """Training cannot go on (e.g. non-finite gradients): the CLI prints one line, exits 1."""

@@ -8,7 +8,9 @@ import tensorflow as tf
 from trainformer.config import ModelConfig, TrainConfig
 from trainformer.data.pipeline import pack, tokenize_documents, train_dataset
 from trainformer.model.heads import build_masked_lm
-from trainformer.train.loop import Trainer
+from trainformer.train.checkpoint import Checkpoints
+from trainformer.train.loop import NonFiniteGradients, Trainer
+from trainformer.train.monitor import Monitor
 from trainformer.train.optim import make_optimizer
 
 SEQ, BATCH = 32, 8
@@ -71,3 +73,44 @@ def test_accumulation_equals_one_large_batch(windows, tokenizer, xla):
     assert not np.allclose(embedding.numpy(), make_trainer(windows, tokenizer)[0].model.encoder.token_embedding.embeddings.numpy())
     for mine, theirs in zip(small.model.trainable_variables, big.model.trainable_variables):
         np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-4, atol=1e-6, err_msg=mine.path)
+
+
+@pytest.mark.parametrize("precision, dtype", [("bf16", "mixed_bfloat16"), ("fp16", "mixed_float16")])
+def test_mixed_precision_stays_finite_and_close_to_fp32(windows, tokenizer, precision, dtype):
+    reference = losses(*make_trainer(windows, tokenizer), steps=15)
+    mixed_trainer, iterator = make_trainer(windows, tokenizer, dtype=dtype, precision=precision)
+    mixed = losses(mixed_trainer, iterator, steps=15)
+    assert np.all(np.isfinite(mixed))
+    np.testing.assert_allclose(mixed, reference, rtol=0.03)
+    assert mixed[-1] < mixed[0] - 0.3  # and it trains
+    if precision == "fp16":  # the scale starts high and halves on overflow: a few skipped steps
+        assert 0 <= int(mixed_trainer.loss_scale.skipped_steps) < 5
+
+
+def test_fp16_overflow_skips_the_update_and_halves_the_scale(windows, tokenizer):
+    trainer, iterator = make_trainer(windows, tokenizer, dtype="mixed_float16", precision="fp16")
+    before = [v.numpy() for v in trainer.model.trainable_variables]
+    trainer.loss_scale.scale.assign(3e38)  # scaled loss overflows to inf
+    trainer._train_step(iterator)
+    assert int(trainer.loss_scale.skipped_steps) == 1
+    assert float(trainer.loss_scale.scale) == pytest.approx(1.5e38)
+    for old, variable in zip(before, trainer.model.trainable_variables):
+        assert np.array_equal(old, variable.numpy()), variable.path
+    assert int(trainer.optimizer.iterations) == 0  # the optimizer never saw the step
+
+
+def test_nan_batch_stops_training_before_it_reaches_the_weights(windows, tokenizer, tmp_path):
+    trainer, _ = make_trainer(windows, tokenizer, checkpoint_every=2, log_every=1, eval_every=100)
+    clean = train_dataset(windows, BATCH, 42, 0.15, tokenizer.vocab_size)
+    poisoned = clean.enumerate().map(  # the 5th batch's loss weights are NaN
+        lambda index, batch: (batch[0], {**batch[1], "masked_weights": batch[1]["masked_weights"]
+                                          * tf.where(index == 4, np.nan, 1.0)}))
+    checkpoints = Checkpoints(tmp_path / "checkpoints", 5, model=trainer.model, optimizer=trainer.optimizer,
+                              step=trainer.step)
+    monitor = Monitor(tmp_path / "metrics.jsonl", tmp_path / "logs", 100, 1, out=open(tmp_path / "log", "w"))
+    with pytest.raises(NonFiniteGradients, match=r"step 5: non-finite gradient for \S+") as info:
+        trainer.fit(iter(poisoned), [], 0, monitor, checkpoints)
+    assert info.value.step == 5 and "checkpoints/ckpt-4" in str(info.value)
+    assert all(np.all(np.isfinite(v.numpy())) for v in trainer.model.trainable_variables)
+    assert int(trainer.optimizer.iterations) == 4
+    assert checkpoints.latest.latest_checkpoint.endswith("ckpt-4")

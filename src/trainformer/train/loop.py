@@ -12,9 +12,10 @@ import keras
 import tensorflow as tf
 
 from trainformer.config import TrainConfig
+from trainformer.errors import TrainingError
 from trainformer.train.checkpoint import Checkpoints
 from trainformer.train.monitor import Monitor
-from trainformer.train.optim import dense_gradients
+from trainformer.train.optim import DynamicLossScale, dense_gradients
 from trainformer.train.preemption import StopRequest
 
 SUM = tf.distribute.ReduceOp.SUM
@@ -33,6 +34,21 @@ def masked_lm_sums(logits: tf.Tensor, targets: dict) -> dict[str, tf.Tensor]:
         "correct": tf.reduce_sum(hits * weights),
         "count": tf.reduce_sum(weights),
     }
+
+
+class NonFiniteGradients(TrainingError):
+    """A step produced NaN/inf gradients (outside fp16 loss scaling): the update was skipped,
+    so the weights and every checkpoint are still finite."""
+
+    def __init__(self, step: int, variables: list[str], last_checkpoint: str | None):
+        more = f" (and {len(variables) - 1} more variables)" if len(variables) > 1 else ""
+        resume = f"the last checkpoint is {last_checkpoint}" if last_checkpoint else "no checkpoint was written yet"
+        super().__init__(
+            f"step {step}: non-finite gradient for {variables[0]}{more}; the update was skipped and "
+            f"training stopped; {resume}. Lower train.learning_rate or train.clip_norm, or check the data"
+        )
+        self.step = step
+        self.variables = variables
 
 
 def use_xla(setting: str) -> bool:
@@ -94,6 +110,7 @@ class Trainer:
         with strategy.scope():
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             optimizer.build(model.trainable_variables)  # create slots now, so a restore fills them
+            self.loss_scale = DynamicLossScale() if config.precision == "fp16" else None
         # XLA compiles the replica computations (model, loss, gradients, update); fetching
         # batches stays outside, since iterators cannot be compiled.
         jit = use_xla(config.xla)
@@ -108,20 +125,38 @@ class Trainer:
         the number of masked tokens of the whole update is known), and the loss/accuracy sums."""
         with tf.GradientTape() as tape:
             sums = masked_lm_sums(self.model(inputs, training=True), targets)
-        return dense_gradients(tape.gradient(sums["loss_sum"], self.model.trainable_variables)), sums
+            loss = sums["loss_sum"] * self.loss_scale.scale if self.loss_scale else sums["loss_sum"]
+        return dense_gradients(tape.gradient(loss, self.model.trainable_variables)), sums
 
-    def _replica_update(self, gradient_sums: list, count: tf.Tensor) -> tf.Tensor:
-        """Mean over the masked tokens of the global batch, clip, apply; returns the grad norm."""
+    def _replica_update(self, gradient_sums: list, count: tf.Tensor) -> dict:
+        """Mean over the masked tokens of the global batch (loss scale undone), clip, apply.
+
+        An update with a non-finite gradient is skipped, so weights and checkpoints stay finite:
+        under fp16 the loss scale shrinks and training goes on; otherwise fit() stops with a
+        diagnostic. Returns the gradient norm and, per variable, whether its gradient was
+        non-finite (float, so replicas can sum it).
+        """
         context = tf.distribute.get_replica_context()
-        global_count = tf.maximum(context.all_reduce(SUM, count), 1.0)
-        gradients = [g / global_count for g in gradient_sums]
+        divisor = tf.maximum(context.all_reduce(SUM, count), 1.0)
+        if self.loss_scale:
+            divisor *= self.loss_scale.scale
+        gradients = [g / divisor for g in gradient_sums]
+        nonfinite = tf.stack([tf.cast(tf.reduce_any(~tf.math.is_finite(g)), tf.float32) for g in gradients])
+        finite = tf.equal(tf.reduce_sum(nonfinite), 0.0)
         gradients, grad_norm = tf.clip_by_global_norm(gradients, self.config.clip_norm)
-        self.optimizer.apply_gradients(zip(gradients, self.model.trainable_variables))
-        return grad_norm
+
+        def apply():
+            self.optimizer.apply_gradients(zip(gradients, self.model.trainable_variables))
+            return tf.constant(True)
+
+        tf.cond(finite, apply, lambda: tf.constant(False))
+        if self.loss_scale:
+            self.loss_scale.update(finite)
+        return {"grad_norm": grad_norm, "nonfinite": nonfinite}
 
     def _replica_step(self, inputs: dict, targets: dict) -> dict:
         gradients, sums = self._replica_gradients(inputs, targets)
-        return {**sums, "grad_norm": self._replica_update(gradients, sums["count"])}
+        return {**sums, **self._replica_update(gradients, sums["count"])}
 
     def _distributed_train_step(self, iterator) -> dict:
         """One optimizer update from `accumulate` micro-batches."""
@@ -142,8 +177,8 @@ class Trainer:
             gradients, micro_sums = self.strategy.run(self._compiled_gradients, args=next(iterator))
             gradient_sums = [total + g for total, g in zip(gradient_sums, gradients)]
             sums = {k: sums[k] + micro_sums[k] for k in sums}
-        grad_norm = self.strategy.run(self._compiled_update, args=(gradient_sums, sums["count"]))
-        return {**sums, "grad_norm": grad_norm}
+        update = self.strategy.run(self._compiled_update, args=(gradient_sums, sums["count"]))
+        return {**sums, **update}
 
     def fit(self, iterator, eval_batches: list, baseline_id: int, monitor: Monitor,
             checkpoints: Checkpoints) -> dict | None:
@@ -172,6 +207,10 @@ class Trainer:
             results = self._train_step(iterator)
             step += 1
             monitor.step_done()
+            nonfinite = results.pop("nonfinite")
+            if not self.loss_scale and bool(tf.reduce_any(nonfinite > 0)):  # one small host sync per step
+                monitor.record({"event": "non_finite", "step": step})
+                raise NonFiniteGradients(step, self._names_where(nonfinite), checkpoints.latest.latest_checkpoint)
             for key, value in {**results, "steps": 1}.items():  # tensors: no host sync per step
                 totals[key] = totals.get(key, 0) + value
             last = step == config.steps
@@ -189,11 +228,19 @@ class Trainer:
                     checkpoints.save(step)
         return metrics
 
+    def _names_where(self, nonfinite: tf.Tensor) -> list[str]:
+        flags = nonfinite.numpy()
+        return [v.path for v, flag in zip(self.model.trainable_variables, flags) if flag > 0]
+
     def _interval_metrics(self, totals: dict) -> dict:
         count = max(float(totals["count"]), 1.0)
-        return {
+        metrics = {
             "loss": float(totals["loss_sum"]) / count,
             "masked_accuracy": float(totals["correct"]) / count,
             "grad_norm": float(totals["grad_norm"]) / totals["steps"],
             "learning_rate": float(self.optimizer.learning_rate),  # the next step's
         }
+        if self.loss_scale:
+            metrics["loss_scale"] = float(self.loss_scale.scale)
+            metrics["skipped_steps"] = int(self.loss_scale.skipped_steps)
+        return metrics

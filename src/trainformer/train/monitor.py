@@ -67,6 +67,7 @@ class Monitor:
             f"step {step:>{len(str(self.total_steps))}}/{self.total_steps}  loss {metrics['loss']:.4f}  "
             f"masked acc {metrics['masked_accuracy']:6.2%}  lr {metrics['learning_rate']:.2e}  "
             f"|g| {metrics['grad_norm']:.2f}  {metrics['tokens_per_s']:,.0f} tok/s  ETA {eta}"
+            + (f"  scale {metrics['loss_scale']:.0f} skipped {metrics['skipped_steps']}" if "loss_scale" in metrics else "")
         )
 
     def log_eval(self, step: int, metrics: dict) -> None:

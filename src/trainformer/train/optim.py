@@ -46,3 +46,27 @@ def dense_gradients(gradients: list) -> list:
     exactly the dense gradient.
     """
     return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in gradients]
+
+
+class DynamicLossScale(tf.Module):
+    """fp16 loss scaling: multiply the loss so small gradients survive float16, divide the
+    gradients back in float32, and adapt the factor: halve it (and skip the update) when a
+    gradient overflows, double it after `growth_interval` good steps in a row.
+
+    Its variables belong in the checkpoint: a resumed run continues with the same scale.
+    """
+
+    def __init__(self, initial: float = 2.0**15, growth_interval: int = 2000):
+        super().__init__(name="loss_scale")
+        self.growth_interval = growth_interval
+        self.scale = tf.Variable(initial, dtype=tf.float32, trainable=False, name="scale")
+        self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="good_steps")
+        self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
+
+    def update(self, finite: tf.Tensor) -> None:
+        """Adapt the scale after a step whose gradients were (not) all finite."""
+        grow = tf.logical_and(finite, self.good_steps + 1 >= self.growth_interval)
+        shrunk = tf.maximum(self.scale / 2.0, 1.0)
+        self.scale.assign(tf.where(grow, self.scale * 2.0, tf.where(finite, self.scale, shrunk)))
+        self.good_steps.assign(tf.where(tf.logical_and(finite, tf.logical_not(grow)), self.good_steps + 1, 0))
+        self.skipped_steps.assign_add(tf.cast(tf.logical_not(finite), tf.int64))

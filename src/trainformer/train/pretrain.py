@@ -27,7 +27,7 @@ from trainformer.train.optim import make_optimizer
 from trainformer.train.run_dir import RunDir, environment, now
 from trainformer.train.strategy import describe_devices, make_strategy
 
-DTYPE_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16"}
+DTYPE_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 EVAL_SEED = 20260101  # fixed: every eval of every run scores the same valid targets
 
 
@@ -101,7 +101,7 @@ def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout) -> dict:
     trainer = Trainer(model, optimizer, strategy, train_cfg)
     checkpoints = Checkpoints(
         run.checkpoints_dir, train_cfg.keep_checkpoints, model=model, optimizer=optimizer, step=trainer.step,
-        dropout_seeds=dropout_seed_states(model),
+        dropout_seeds=dropout_seed_states(model), **({"loss_scale": trainer.loss_scale} if trainer.loss_scale else {}),
     )
     restored = checkpoints.restore_latest()
     start_step = int(trainer.step.numpy())
