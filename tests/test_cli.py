@@ -116,6 +116,28 @@ def test_sigterm_and_ctrl_c_save_and_exit_0(tmp_path, signum):
     assert segment["to_step"] == step and segment["stopped_by"] == name
 
 
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
+    run_dir = tmp_path / "run"
+    trainformer("train", "--run-dir", str(run_dir), *TINY, "--set", "train.steps=20")
+    data_file = next((run_dir / "checkpoints").glob("ckpt-20.data-*"))
+    data_file.write_bytes(data_file.read_bytes()[: data_file.stat().st_size // 2])  # truncated
+    result = trainformer("train", "--run-dir", str(run_dir), *TINY, "--set", "train.steps=30")
+    assert "checkpoints/ckpt-20 cannot be loaded" in result.stdout
+    assert "resuming from checkpoint" in result.stdout and "ckpt-10 (step 10/30)" in result.stdout
+    assert json.loads((run_dir / "manifest.json").read_text())["final_eval"]["step"] == 30
+
+
+def test_run_whose_checkpoints_all_fail_to_load_is_not_restarted(tmp_path):
+    run_dir = tmp_path / "run"
+    trainformer("train", "--run-dir", str(run_dir), *TINY, "--set", "train.steps=20")
+    damaged = sorted((run_dir / "checkpoints").glob("ckpt-*.data-*"))
+    for data_file in damaged:
+        data_file.write_bytes(b"")
+    result = trainformer("train", "--run-dir", str(run_dir), *TINY, "--set", "train.steps=30", check=False)
+    assert result.returncode == 2 and "none of 2 checkpoints can be loaded" in result.stderr
+    assert sorted((run_dir / "checkpoints").glob("ckpt-*.data-*")) == damaged  # nothing rotated away
+
+
 def test_changed_model_on_existing_run_is_refused(run):
     run_dir, _ = run
     before = (run_dir / "config.yaml").read_text()

@@ -15,6 +15,7 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
+from trainformer.errors import UserError
 from trainformer.files import write_atomic
 
 
@@ -33,12 +34,26 @@ class Checkpoints:
         self.best = tf.train.CheckpointManager(self.checkpoint, str(folder / "best"), max_to_keep=1, checkpoint_name="best")
         self.best_file = folder / "best.json"
 
-    def restore_latest(self) -> str | None:
-        """Restore the newest checkpoint, if any; returns its path."""
-        path = self.latest.latest_checkpoint
-        if path:
-            self.checkpoint.restore(path).assert_existing_objects_matched()
-        return path
+    def restore_latest(self, warn=print) -> str | None:
+        """Restore the newest checkpoint that loads; returns its path (None: no checkpoints).
+
+        A checkpoint whose files were truncated or damaged (a disk filled up, a copy was cut
+        short) is skipped with a warning and the one before it is used. If checkpoints exist
+        but none loads, the run stops instead of starting over, which would rotate them away.
+        """
+        paths = list(reversed(self.latest.checkpoints))
+        for path in paths:
+            try:
+                self.checkpoint.restore(path).assert_existing_objects_matched()
+                return path
+            except (tf.errors.OpError, ValueError, AssertionError, IndexError) as err:
+                reason = (str(err).strip().splitlines() or [""])[0][:200]
+                warn(f"warning: checkpoint {path} cannot be loaded ({type(err).__name__}: {reason}); "
+                     f"trying the previous one")
+        if paths:
+            raise UserError(f"{self.latest.directory}: none of {len(paths)} checkpoints can be loaded; "
+                            f"move them away to start over")
+        return None
 
     def save(self, step: int) -> str:
         return self.latest.save(checkpoint_number=step)

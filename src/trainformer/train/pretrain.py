@@ -103,7 +103,7 @@ def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout) -> dict:
         run.checkpoints_dir, train_cfg.keep_checkpoints, model=model, optimizer=optimizer, step=trainer.step,
         dropout_seeds=dropout_seed_states(model), **({"loss_scale": trainer.loss_scale} if trainer.loss_scale else {}),
     )
-    restored = checkpoints.restore_latest()
+    restored = checkpoints.restore_latest(warn=say)
     start_step = int(trainer.step.numpy())
     dataset = train_dataset(
         data.train_windows, train_cfg.batch_size, train_cfg.seed, config.data.mask_rate, data.tokenizer.vocab_size,
