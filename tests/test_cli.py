@@ -6,8 +6,10 @@ contract: the run directory, the logs, eval --json, resume, and one-line user er
 
 import json
 import signal
+import socket
 import subprocess
 import time
+import urllib.request
 
 import pytest
 import yaml
@@ -172,3 +174,42 @@ def test_eval_of_a_missing_run_dir(tmp_path):
 
 def test_data_list_names_the_builtin_corpus():
     assert "people-daily-1998" in trainformer("data", "list").stdout
+
+
+def test_prometheus_metrics_are_served_while_training(tmp_path):
+    with socket.socket() as probe:  # a free port on loopback
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = start("train", "--run-dir", str(tmp_path / "run"), *TINY, "--set", "train.steps=100000",
+                    "--metrics-port", str(port))
+    try:
+        values = {}
+        for _ in range(600):  # at most ~60 s
+            time.sleep(0.1)
+            assert process.poll() is None, "training ended early"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+                    text = response.read().decode()
+            except OSError:
+                continue  # not serving yet
+            values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                      if line.startswith("trainformer_") and len(line.split()) == 2}
+            if values.get("trainformer_step", 0) >= 10:
+                break
+        assert values["trainformer_step"] >= 10
+        assert 0 < values["trainformer_train_loss"] < 20 and values["trainformer_tokens_per_second"] > 0
+        assert not any(name.startswith("trainformer_gpu") for name in values)  # no GPU here: no series
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
+    assert process.returncode == 0
+
+
+def test_metrics_port_in_use_is_a_one_line_error(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = trainformer("train", "--run-dir", str(tmp_path / "run"), *TINY, "--set", "train.steps=5",
+                             "--metrics-port", str(port), check=False)
+    assert result.returncode == 2 and f"--metrics-port {port}: cannot serve" in result.stderr

@@ -23,6 +23,8 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config key, e.g. --set train.steps=200 (repeatable)")
     train.add_argument("--run-dir", type=Path, help="run directory (default: runs/<config name>)")
+    train.add_argument("--metrics-port", type=int, metavar="P",
+                       help="serve Prometheus metrics on 127.0.0.1:P while training")
 
     evaluate = verbs.add_parser("eval", help="score a run's checkpoint on held-out data")
     evaluate.add_argument("run_dir", type=Path)
@@ -70,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(args.config, args.overrides)  # fails fast, before TensorFlow loads
         from trainformer.train.pretrain import pretrain
 
-        pretrain(config, args.run_dir or Path("runs") / config.name)
+        pretrain(config, args.run_dir or Path("runs") / config.name, metrics_port=args.metrics_port)
         return 0
 
     from trainformer.train.pretrain import evaluate

@@ -32,12 +32,14 @@ class Monitor:
     """Writes every logged step and eval to metrics.jsonl (one JSON object per line, appended,
     flushed per line) and TensorBoard (logs/train, logs/valid), and prints a progress line."""
 
-    def __init__(self, metrics_file: Path, logs_dir: Path, total_steps: int, tokens_per_step: int, out=sys.stdout):
+    def __init__(self, metrics_file: Path, logs_dir: Path, total_steps: int, tokens_per_step: int, out=sys.stdout,
+                 exporter=None):
         self.metrics_file = metrics_file
         drop_torn_line(metrics_file)
         self.total_steps = total_steps
         self.tokens_per_step = tokens_per_step
         self.out = out
+        self.exporter = exporter  # e.g. a PrometheusExporter; gets every logged metric
         self.writers = {
             split: tf.summary.create_file_writer(str(logs_dir / split)) for split in ("train", "valid")
         }
@@ -92,7 +94,11 @@ class Monitor:
             for name, value in metrics.items():
                 tf.summary.scalar(name, value)
         self.writers[split].flush()
+        if self.exporter:
+            self.exporter.update(split, step, metrics)
 
     def close(self) -> None:
         for writer in self.writers.values():
             writer.close()
+        if self.exporter:
+            self.exporter.close()

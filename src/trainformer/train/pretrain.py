@@ -24,6 +24,7 @@ from trainformer.train.checkpoint import Checkpoints, dropout_seed_states, resto
 from trainformer.train.loop import Evaluator, Trainer
 from trainformer.train.monitor import Monitor, format_duration
 from trainformer.train.optim import make_optimizer
+from trainformer.train.prometheus import PrometheusExporter
 from trainformer.train.run_dir import RunDir, environment, now
 from trainformer.train.strategy import describe_devices, make_strategy
 
@@ -73,7 +74,7 @@ def build_model(config: ExperimentConfig, vocab_size: int) -> keras.Model:
     return build_masked_lm(config.model, vocab_size, config.data.seq_len, dtype=DTYPE_POLICIES[config.train.precision])
 
 
-def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout) -> dict:
+def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout, metrics_port: int | None = None) -> dict:
     """Train (or resume) a masked-LM run in run_dir and return the final valid metrics
     ({"step", "stopped_by"} instead when SIGTERM or Ctrl-C stopped it early)."""
     say = lambda text: print(text, file=out, flush=True)  # noqa: E731
@@ -115,7 +116,10 @@ def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout) -> dict:
 
     manifest = start_manifest(run, config, data, model.count_params(), resumed=bool(restored), start_step=start_step)
     tokens_per_step = train_cfg.accumulate * train_cfg.batch_size * config.data.seq_len
-    monitor = Monitor(run.metrics_file, run.logs_dir, train_cfg.steps, tokens_per_step, out)
+    exporter = PrometheusExporter(metrics_port) if metrics_port else None
+    if exporter:
+        say(f"metrics: http://127.0.0.1:{metrics_port}/metrics")
+    monitor = Monitor(run.metrics_file, run.logs_dir, train_cfg.steps, tokens_per_step, out, exporter)
     print_summary(say, config, data, model.count_params(), run)
     if restored:
         say(f"resuming from checkpoint {restored} (step {start_step}/{train_cfg.steps})")

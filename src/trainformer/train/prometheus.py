@@ -1,0 +1,92 @@
+"""Prometheus metrics for a running job (`trainformer train --metrics-port P`).
+
+Served on 127.0.0.1 only: put a scraper on the same host, or an authenticated proxy in front.
+Training gauges are set by the Monitor as it logs; GPU gauges (utilisation, memory,
+temperature) are read through NVML at scrape time when NVIDIA GPUs are present: without them,
+or without the NVIDIA driver, there are simply no GPU series.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
+from trainformer.errors import UserError
+
+TRAIN_GAUGES = {  # metric key in the Monitor -> (Prometheus name, help)
+    "loss": ("trainformer_train_loss", "mean masked-LM loss over the last logging interval"),
+    "masked_accuracy": ("trainformer_train_masked_accuracy", "masked-token accuracy over the last interval"),
+    "tokens_per_s": ("trainformer_tokens_per_second", "training throughput over the last interval"),
+    "learning_rate": ("trainformer_learning_rate", "learning rate of the next step"),
+    "grad_norm": ("trainformer_grad_norm", "mean global gradient norm (before clipping)"),
+    "loss_scale": ("trainformer_loss_scale", "fp16 dynamic loss scale"),
+    "skipped_steps": ("trainformer_skipped_steps", "fp16 steps skipped for non-finite gradients"),
+}
+VALID_GAUGES = {
+    "loss": ("trainformer_valid_loss", "held-out masked-LM loss"),
+    "masked_accuracy": ("trainformer_valid_masked_accuracy", "held-out cloze masked-token accuracy"),
+}
+
+
+class NvmlCollector:
+    """GPU utilisation, memory and temperature per device, read at scrape time."""
+
+    def __init__(self):
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            self.count = pynvml.nvmlDeviceGetCount()
+        except Exception:  # no driver, no library, no GPU: not an error for a CPU job
+            self.nvml, self.count = None, 0
+
+    def collect(self):
+        if not self.count:
+            return
+        utilisation = GaugeMetricFamily("trainformer_gpu_utilization_percent", "GPU busy time", labels=["gpu"])
+        memory = GaugeMetricFamily("trainformer_gpu_memory_used_bytes", "GPU memory in use", labels=["gpu"])
+        temperature = GaugeMetricFamily("trainformer_gpu_temperature_celsius", "GPU temperature", labels=["gpu"])
+        for index in range(self.count):
+            handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
+            utilisation.add_metric([str(index)], self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            memory.add_metric([str(index)], self.nvml.nvmlDeviceGetMemoryInfo(handle).used)
+            temperature.add_metric(
+                [str(index)], self.nvml.nvmlDeviceGetTemperature(handle, self.nvml.NVML_TEMPERATURE_GPU)
+            )
+        yield from (utilisation, memory, temperature)
+
+
+class PrometheusExporter:
+    """Serves /metrics on 127.0.0.1:port until close().
+
+    Example:
+        exporter = PrometheusExporter(9400)
+        exporter.update("train", step=100, metrics={"loss": 5.1, "tokens_per_s": 24000.0})
+    """
+
+    def __init__(self, port: int):
+        self.registry = CollectorRegistry()
+        self.step = Gauge("trainformer_step", "optimizer steps completed", registry=self.registry)
+        self.gauges = {
+            (split, key): Gauge(name, help_text, registry=self.registry)
+            for split, table in (("train", TRAIN_GAUGES), ("valid", VALID_GAUGES))
+            for key, (name, help_text) in table.items()
+        }
+        self.registry.register(NvmlCollector())
+        try:
+            self._server, self._thread = start_http_server(port, addr="127.0.0.1", registry=self.registry)
+        except OSError as err:
+            raise UserError(f"--metrics-port {port}: cannot serve on 127.0.0.1:{port} ({err.strerror})") from None
+
+    def update(self, split: str, step: int, metrics: dict) -> None:
+        if split == "train":
+            self.step.set(step)
+        for key, value in metrics.items():
+            gauge = self.gauges.get((split, key))
+            if gauge is not None:
+                gauge.set(value)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
