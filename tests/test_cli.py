@@ -47,7 +47,7 @@ def test_summary_and_progress_lines(run):
     assert "parameters" in stdout and "corpus: people-daily-1998" in stdout
     progress = [line for line in stdout.splitlines() if line.startswith("step ")]
     assert len(progress) == 6  # every 5 of 30 steps
-    assert all("tok/s" in line and "ETA" in line and "lr " in line for line in progress)
+    assert all("tok/s" in line and "ETA" in line and "lr " in line and "data-wait" in line for line in progress)
     assert "most-frequent-token baseline" in stdout
 
 
@@ -198,6 +198,7 @@ def test_prometheus_metrics_are_served_while_training(tmp_path):
                 break
         assert values["trainformer_step"] >= 10
         assert 0 < values["trainformer_train_loss"] < 20 and values["trainformer_tokens_per_second"] > 0
+        assert 0 <= values["trainformer_data_wait_percent"] < 100
         assert not any(name.startswith("trainformer_gpu") for name in values)  # no GPU here: no series
     finally:
         process.send_signal(signal.SIGTERM)

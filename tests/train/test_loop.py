@@ -1,5 +1,7 @@
 """The Trainer's step on real packed People's Daily windows: XLA, accumulation, precision."""
 
+import time
+
 import keras
 import numpy as np
 import pytest
@@ -35,7 +37,7 @@ def make_trainer(windows, tokenizer, dtype=None, **train):
 
 
 def losses(trainer, iterator, steps):
-    return np.array([float(r["loss_sum"] / r["count"]) for r in (trainer._train_step(iterator) for _ in range(steps))])
+    return np.array([float(r["loss_sum"] / r["count"]) for r in (trainer.train_step(iterator) for _ in range(steps))])
 
 
 def test_xla_step_matches_the_plain_step(windows, tokenizer):
@@ -67,8 +69,8 @@ def test_accumulation_equals_one_large_batch(windows, tokenizer, xla):
     big_iterator = iter(tf.data.Dataset.from_tensor_slices(stacked))
     micro_iterator = iter(tf.data.Dataset.from_tensor_slices(split))
     for _ in range(3):
-        big._train_step(big_iterator)
-        small._train_step(micro_iterator)
+        big.train_step(big_iterator)
+        small.train_step(micro_iterator)
     embedding = big.model.encoder.token_embedding.embeddings
     assert not np.allclose(embedding.numpy(), make_trainer(windows, tokenizer)[0].model.encoder.token_embedding.embeddings.numpy())
     for mine, theirs in zip(small.model.trainable_variables, big.model.trainable_variables):
@@ -91,7 +93,7 @@ def test_fp16_overflow_skips_the_update_and_halves_the_scale(windows, tokenizer)
     trainer, iterator = make_trainer(windows, tokenizer, dtype="mixed_float16", precision="fp16")
     before = [v.numpy() for v in trainer.model.trainable_variables]
     trainer.loss_scale.scale.assign(3e38)  # scaled loss overflows to inf
-    trainer._train_step(iterator)
+    trainer.train_step(iterator)
     assert int(trainer.loss_scale.skipped_steps) == 1
     assert float(trainer.loss_scale.scale) == pytest.approx(1.5e38)
     for old, variable in zip(before, trainer.model.trainable_variables):
@@ -114,3 +116,16 @@ def test_nan_batch_stops_training_before_it_reaches_the_weights(windows, tokeniz
     assert all(np.all(np.isfinite(v.numpy())) for v in trainer.model.trainable_variables)
     assert int(trainer.optimizer.iterations) == 4
     assert checkpoints.latest.latest_checkpoint.endswith("ckpt-4")
+
+
+def test_train_step_measures_the_wait_for_input(windows, tokenizer):
+    trainer, iterator = make_trainer(windows, tokenizer)
+    trainer.train_step(iterator)  # compile first
+
+    def slow(batches):
+        for batch in batches:
+            time.sleep(0.2)
+            yield batch
+
+    assert trainer.train_step(iterator)["data_wait_s"] < 0.1  # prefetched: no wait
+    assert trainer.train_step(slow(iterator))["data_wait_s"] >= 0.2

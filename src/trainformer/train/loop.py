@@ -7,6 +7,7 @@ mid-epoch (DESIGN.md), so the loop is ours: step -> log -> eval -> checkpoint.
 from __future__ import annotations
 
 import math
+import time
 
 import keras
 import tensorflow as tf
@@ -158,23 +159,32 @@ class Trainer:
         gradients, sums = self._replica_gradients(inputs, targets)
         return {**sums, **self._replica_update(gradients, sums["count"])}
 
-    def _distributed_train_step(self, iterator) -> dict:
-        """One optimizer update from `accumulate` micro-batches."""
-        if self.config.accumulate == 1:
-            results = self.strategy.run(self._compiled_step, args=next(iterator))
+    def train_step(self, iterator) -> dict:
+        """One optimizer update from the next `accumulate` batches of iterator.
+
+        Batches are fetched here, outside the compiled step, so the time spent waiting for
+        input is measured: it is returned as `data_wait_s`.
+        """
+        started = time.perf_counter()
+        batches = [next(iterator) for _ in range(self.config.accumulate)]
+        data_wait = time.perf_counter() - started
+        return {**self._train_step(batches), "data_wait_s": data_wait}
+
+    def _distributed_train_step(self, batches: list) -> dict:
+        if len(batches) == 1:
+            results = self.strategy.run(self._compiled_step, args=batches[0])
         else:
-            results = self._accumulated_step(iterator)
+            results = self._accumulated_step(batches)
         self.step.assign_add(1)
         reduced = {k: self.strategy.reduce(SUM, v, axis=None) for k, v in results.items()}
         reduced["grad_norm"] /= self.strategy.num_replicas_in_sync
         return reduced
 
-    def _accumulated_step(self, iterator) -> dict:
-        variables = self.model.trainable_variables
-        gradient_sums = [tf.zeros_like(v) for v in variables]
+    def _accumulated_step(self, batches: list) -> dict:
+        gradient_sums = [tf.zeros_like(v) for v in self.model.trainable_variables]
         sums = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
-        for _ in tf.range(self.config.accumulate):
-            gradients, micro_sums = self.strategy.run(self._compiled_gradients, args=next(iterator))
+        for batch in batches:
+            gradients, micro_sums = self.strategy.run(self._compiled_gradients, args=batch)
             gradient_sums = [total + g for total, g in zip(gradient_sums, gradients)]
             sums = {k: sums[k] + micro_sums[k] for k in sums}
         update = self.strategy.run(self._compiled_update, args=(gradient_sums, sums["count"]))
@@ -204,9 +214,9 @@ class Trainer:
                 self.stopped_by = stop.signal_name
                 monitor.record({"event": "stopped", "signal": stop.signal_name, "step": step})
                 return None
-            results = self._train_step(iterator)
+            results = self.train_step(iterator)
             step += 1
-            monitor.step_done()
+            monitor.step_done(results.pop("data_wait_s"))
             nonfinite = results.pop("nonfinite")
             if not self.loss_scale and bool(tf.reduce_any(nonfinite > 0)):  # one small host sync per step
                 monitor.record({"event": "non_finite", "step": step})

@@ -46,6 +46,7 @@ class Monitor:
         self._interval_start = time.perf_counter()
         self._interval_steps = 0
         self._interval_excluded = 0.0  # seconds of eval/checkpointing inside the interval
+        self._interval_data_wait = 0.0  # seconds the steps waited for input
 
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -54,21 +55,25 @@ class Monitor:
         with open(self.metrics_file, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(entry) + "\n")
 
-    def step_done(self) -> None:
+    def step_done(self, data_wait_s: float = 0.0) -> None:
         self._interval_steps += 1
+        self._interval_data_wait += data_wait_s
 
     def log_train(self, step: int, metrics: dict) -> None:
         """Log the mean training metrics of the steps since the last call."""
         elapsed = time.perf_counter() - self._interval_start - self._interval_excluded
         steps_per_s = self._interval_steps / max(elapsed, 1e-9)
-        metrics = {**metrics, "tokens_per_s": steps_per_s * self.tokens_per_step}
-        self._interval_start, self._interval_steps, self._interval_excluded = time.perf_counter(), 0, 0.0
+        data_wait_pct = 100.0 * self._interval_data_wait / max(elapsed, 1e-9)
+        metrics = {**metrics, "tokens_per_s": steps_per_s * self.tokens_per_step, "data_wait_pct": data_wait_pct}
+        self._interval_start, self._interval_steps = time.perf_counter(), 0
+        self._interval_excluded = self._interval_data_wait = 0.0
         self._write("train", step, metrics)
         eta = format_duration((self.total_steps - step) / max(steps_per_s, 1e-9))
         self.say(
             f"step {step:>{len(str(self.total_steps))}}/{self.total_steps}  loss {metrics['loss']:.4f}  "
             f"masked acc {metrics['masked_accuracy']:6.2%}  lr {metrics['learning_rate']:.2e}  "
-            f"|g| {metrics['grad_norm']:.2f}  {metrics['tokens_per_s']:,.0f} tok/s  ETA {eta}"
+            f"|g| {metrics['grad_norm']:.2f}  {metrics['tokens_per_s']:,.0f} tok/s  "
+            f"data-wait {metrics['data_wait_pct']:.1f}%  ETA {eta}"
             + (f"  scale {metrics['loss_scale']:.0f} skipped {metrics['skipped_steps']}" if "loss_scale" in metrics else "")
         )
 

@@ -17,6 +17,7 @@ TRAIN_GAUGES = {  # metric key in the Monitor -> (Prometheus name, help)
     "loss": ("trainformer_train_loss", "mean masked-LM loss over the last logging interval"),
     "masked_accuracy": ("trainformer_train_masked_accuracy", "masked-token accuracy over the last interval"),
     "tokens_per_s": ("trainformer_tokens_per_second", "training throughput over the last interval"),
+    "data_wait_pct": ("trainformer_data_wait_percent", "share of step time spent waiting for input"),
     "learning_rate": ("trainformer_learning_rate", "learning rate of the next step"),
     "grad_norm": ("trainformer_grad_norm", "mean global gradient norm (before clipping)"),
     "loss_scale": ("trainformer_loss_scale", "fp16 dynamic loss scale"),
