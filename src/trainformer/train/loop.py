@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from trainformer.config import TrainConfig
 from trainformer.errors import TrainingError
-from trainformer.train.checkpoint import Checkpoints
+from trainformer.train.checkpoint import Checkpoints, dropout_seed_states
 from trainformer.train.monitor import Monitor
 from trainformer.train.optim import DynamicLossScale, dense_gradients
 from trainformer.train.preemption import StopRequest
@@ -120,6 +120,12 @@ class Trainer:
         self._compiled_update = tf.function(self._replica_update, jit_compile=jit)
         self._train_step = tf.function(self._distributed_train_step)
         self.evaluate = Evaluator(model)
+
+    def checkpoint_objects(self) -> dict:
+        """Everything a checkpoint must hold for an exact resume."""
+        objects = {"model": self.model, "optimizer": self.optimizer, "step": self.step,
+                   "dropout_seeds": dropout_seed_states(self.model)}
+        return {**objects, "loss_scale": self.loss_scale} if self.loss_scale else objects
 
     def _replica_gradients(self, inputs: dict, targets: dict) -> tuple[list, dict]:
         """Gradients of the *summed* masked-token loss of one micro-batch (normalised later, once

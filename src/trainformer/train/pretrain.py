@@ -20,7 +20,7 @@ from trainformer.data.pipeline import cached_token_stream, eval_batches, most_fr
 from trainformer.data.tokenizer import VOCAB_FILE, Tokenizer, copy_vocab, train_vocab
 from trainformer.errors import UserError
 from trainformer.model.heads import build_masked_lm
-from trainformer.train.checkpoint import Checkpoints, dropout_seed_states, restore_model
+from trainformer.train.checkpoint import Checkpoints, restore_model
 from trainformer.train.loop import Evaluator, Trainer
 from trainformer.train.monitor import Monitor, format_duration
 from trainformer.train.optim import make_optimizer
@@ -100,10 +100,7 @@ def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout, metrics_po
         model = build_model(config, data.tokenizer.vocab_size)
         optimizer = make_optimizer(train_cfg.learning_rate, train_cfg.warmup_steps, train_cfg.steps, train_cfg.weight_decay)
     trainer = Trainer(model, optimizer, strategy, train_cfg)
-    checkpoints = Checkpoints(
-        run.checkpoints_dir, train_cfg.keep_checkpoints, model=model, optimizer=optimizer, step=trainer.step,
-        dropout_seeds=dropout_seed_states(model), **({"loss_scale": trainer.loss_scale} if trainer.loss_scale else {}),
-    )
+    checkpoints = Checkpoints(run.checkpoints_dir, train_cfg.keep_checkpoints, **trainer.checkpoint_objects())
     restored = checkpoints.restore_latest(warn=say)
     start_step = int(trainer.step.numpy())
     dataset = train_dataset(
@@ -130,18 +127,18 @@ def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout, metrics_po
 
     started = time.perf_counter()
     final = trainer.fit(iterator, valid, data.baseline_id, monitor, checkpoints)
+    if not trainer.stopped_by:
+        final = final or trainer.evaluate(valid, data.baseline_id)
+    monitor.close()
+    step = int(trainer.step.numpy())
+    manifest["segments"][-1].update({"ended_at": now(), "to_step": step})
     if trainer.stopped_by:
-        monitor.close()
-        step = int(trainer.step.numpy())
-        manifest["segments"][-1].update({"ended_at": now(), "to_step": step, "stopped_by": trainer.stopped_by})
+        manifest["segments"][-1]["stopped_by"] = trainer.stopped_by
         run.write_manifest(manifest)
         say(f"{trainer.stopped_by}: stopped at step {step}/{train_cfg.steps} and saved a checkpoint; "
             f"run the same command again to resume")
         return {"step": step, "stopped_by": trainer.stopped_by}
-    final = final or trainer.evaluate(valid, data.baseline_id)
-    monitor.close()
-    final = {**final, "step": int(trainer.step.numpy())}
-    manifest["segments"][-1].update({"ended_at": now(), "to_step": final["step"]})
+    final = {**final, "step": step}
     manifest.update({"ended_at": now(), "final_eval": final})
     run.write_manifest(manifest)
     print_result(say, final, run, time.perf_counter() - started)
