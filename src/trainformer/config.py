@@ -65,10 +65,19 @@ class TrainConfig:
     xla: str = "auto"  # auto (on for GPU, off on CPU where it measured slower) | on | off
     seed: int = 42
     deterministic: bool = False  # op determinism: same config + same vocabulary -> bitwise-equal weights
+    strategy: str = "auto"  # auto (mirrored if >1 GPU, multi_worker if TF_CONFIG names workers) | one_device | mirrored | multi_worker | tpu
+    on_nan: str = "stop"  # non-finite gradients outside fp16: stop | rollback (last checkpoint, skip the batches since)
     log_every: int = 50
     eval_every: int = 250
+    attention_layer: int = -1  # which layer's heads TensorBoard draws at each eval; negative counts from the end
     checkpoint_every: int = 250
     keep_checkpoints: int = 3
+
+
+@dataclass
+class RuntimeConfig:
+    memory_growth: bool = True  # GPUs take memory as needed instead of reserving all of it at start
+    cpu_devices: int = 1  # split the CPU into N logical devices: try multi-device strategies without GPUs
 
 
 @dataclass
@@ -78,6 +87,7 @@ class ExperimentConfig:
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -91,6 +101,8 @@ CHOICES = {
     "model.position": ("sinusoidal", "learned"),
     "train.precision": ("fp32", "bf16", "fp16"),
     "train.xla": ("auto", "on", "off"),
+    "train.strategy": ("auto", "one_device", "mirrored", "multi_worker", "tpu"),
+    "train.on_nan": ("stop", "rollback"),
 }
 
 
@@ -165,7 +177,7 @@ def validate(config: ExperimentConfig, origin: str) -> None:
         "train.batch_size": t.batch_size, "train.accumulate": t.accumulate, "train.learning_rate": t.learning_rate,
         "train.log_every": t.log_every, "train.eval_every": t.eval_every,
         "train.checkpoint_every": t.checkpoint_every, "train.keep_checkpoints": t.keep_checkpoints,
-        "tokenizer.min_frequency": tok.min_frequency,
+        "tokenizer.min_frequency": tok.min_frequency, "runtime.cpu_devices": config.runtime.cpu_devices,
     }
     for key, value in positive.items():
         if value <= 0:
@@ -187,6 +199,9 @@ def validate(config: ExperimentConfig, origin: str) -> None:
         raise ConfigError(f"{origin}: data.seq_len: must be >= 8, got {d.seq_len}")
     if not 0 <= t.warmup_steps <= t.steps:
         raise ConfigError(f"{origin}: train.warmup_steps: must be within [0, train.steps={t.steps}]")
+    if not -m.num_layers <= t.attention_layer < m.num_layers:
+        raise ConfigError(f"{origin}: train.attention_layer: must be within [-{m.num_layers}, {m.num_layers - 1}] "
+                          f"(model.num_layers={m.num_layers}), got {t.attention_layer}")
     if tok.vocab_size < 100:
         raise ConfigError(f"{origin}: tokenizer.vocab_size: must be >= 100, got {tok.vocab_size}")
 
@@ -210,7 +225,7 @@ def _field_types(cls: type) -> dict[str, type]:
     hints = {"int": int, "float": float, "str": str, "bool": bool}
     nested = {
         "ModelConfig": ModelConfig, "DataConfig": DataConfig,
-        "TokenizerConfig": TokenizerConfig, "TrainConfig": TrainConfig,
+        "TokenizerConfig": TokenizerConfig, "TrainConfig": TrainConfig, "RuntimeConfig": RuntimeConfig,
     }
     return {f.name: hints.get(f.type) or nested[f.type] for f in dataclasses.fields(cls)}
 

@@ -1,5 +1,6 @@
 """The Trainer's step on real packed People's Daily windows: XLA, accumulation, precision."""
 
+import json
 import time
 
 import keras
@@ -8,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from trainformer.config import ModelConfig, TrainConfig
-from trainformer.data.pipeline import pack, tokenize_documents, train_dataset
+from trainformer.data.pipeline import eval_batches, pack, tokenize_documents, train_dataset
 from trainformer.model.heads import build_masked_lm
 from trainformer.train.checkpoint import Checkpoints
 from trainformer.train.loop import NonFiniteGradients, Trainer
@@ -25,8 +26,8 @@ def windows(corpus, tokenizer):
 
 
 def make_trainer(windows, tokenizer, dtype=None, **train):
-    train = {"batch_size": BATCH, **train}
-    config = TrainConfig(steps=100, learning_rate=3e-3, warmup_steps=0, **train)
+    train = {"batch_size": BATCH, "steps": 100, **train}
+    config = TrainConfig(learning_rate=3e-3, warmup_steps=0, **train)
     keras.utils.set_random_seed(7)
     strategy = tf.distribute.get_strategy()
     model = build_masked_lm(MODEL, tokenizer.vocab_size, SEQ, dtype=dtype)
@@ -50,7 +51,7 @@ def test_xla_step_matches_the_plain_step(windows, tokenizer):
 def test_xla_on_really_compiles(windows, tokenizer):
     trainer, iterator = make_trainer(windows, tokenizer, xla="on")
     inputs, targets = next(iterator)
-    hlo = trainer._compiled_step.experimental_get_compiler_ir(inputs, targets)(stage="hlo")
+    hlo = trainer._compiled_gradients.experimental_get_compiler_ir(inputs, targets)(stage="hlo")
     assert "HloModule" in hlo
 
 
@@ -101,21 +102,50 @@ def test_fp16_overflow_skips_the_update_and_halves_the_scale(windows, tokenizer)
     assert int(trainer.optimizer.iterations) == 0  # the optimizer never saw the step
 
 
+def poisoned(windows, tokenizer, bad_batch: int) -> tf.data.Dataset:
+    """The training stream with NaN loss weights in batch number bad_batch."""
+    clean = train_dataset(windows, BATCH, 42, 0.15, tokenizer.vocab_size)
+    return clean.enumerate().map(
+        lambda index, batch: (batch[0], {**batch[1], "masked_weights": batch[1]["masked_weights"]
+                                          * tf.where(index == bad_batch, np.nan, 1.0)}))
+
+
+def fit(trainer, stream: tf.data.Dataset, tmp_path, valid: list):
+    tmp_path.mkdir(exist_ok=True)
+    checkpoints = Checkpoints(tmp_path / "checkpoints", 5, **trainer.checkpoint_objects())
+    monitor = Monitor(tmp_path / "metrics.jsonl", tmp_path / "logs", 100, 1, out=open(tmp_path / "log", "w"))
+    trainer.fit(lambda number: iter(stream.skip(number)), valid, 0, monitor, checkpoints)
+    return checkpoints
+
+
 def test_nan_batch_stops_training_before_it_reaches_the_weights(windows, tokenizer, tmp_path):
     trainer, _ = make_trainer(windows, tokenizer, checkpoint_every=2, log_every=1, eval_every=100)
-    clean = train_dataset(windows, BATCH, 42, 0.15, tokenizer.vocab_size)
-    poisoned = clean.enumerate().map(  # the 5th batch's loss weights are NaN
-        lambda index, batch: (batch[0], {**batch[1], "masked_weights": batch[1]["masked_weights"]
-                                          * tf.where(index == 4, np.nan, 1.0)}))
-    checkpoints = Checkpoints(tmp_path / "checkpoints", 5, model=trainer.model, optimizer=trainer.optimizer,
-                              step=trainer.step)
-    monitor = Monitor(tmp_path / "metrics.jsonl", tmp_path / "logs", 100, 1, out=open(tmp_path / "log", "w"))
     with pytest.raises(NonFiniteGradients, match=r"step 5: non-finite gradient for \S+") as info:
-        trainer.fit(iter(poisoned), [], 0, monitor, checkpoints)
+        fit(trainer, poisoned(windows, tokenizer, bad_batch=4), tmp_path, [])
     assert info.value.step == 5 and "checkpoints/ckpt-4" in str(info.value)
     assert all(np.all(np.isfinite(v.numpy())) for v in trainer.model.trainable_variables)
     assert int(trainer.optimizer.iterations) == 4
-    assert checkpoints.latest.latest_checkpoint.endswith("ckpt-4")
+    assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("ckpt-4")
+
+
+def test_nan_batch_rolls_back_to_the_checkpoint_and_skips_the_batches_since(windows, tokenizer, tmp_path):
+    """NaN in batch 5 (step 6): back to ckpt-4, skip batches 4 and 5. The result is bitwise the
+    run that never saw them."""
+    config = {"steps": 8, "checkpoint_every": 4, "log_every": 1, "eval_every": 100}
+    trainer, _ = make_trainer(windows, tokenizer, on_nan="rollback", **config)
+    valid = eval_batches(windows[:BATCH], BATCH, 0, 0.15, tokenizer.vocab_size)
+    fit(trainer, poisoned(windows, tokenizer, bad_batch=5), tmp_path / "rollback", valid)
+
+    reference, _ = make_trainer(windows, tokenizer, **config)
+    clean = train_dataset(windows, BATCH, 42, 0.15, tokenizer.vocab_size)
+    fit(reference, clean.take(4).concatenate(clean.skip(6)), tmp_path / "reference", valid)
+
+    assert int(trainer.step) == 8 and int(trainer.data_offset) == 2 and int(trainer.optimizer.iterations) == 8
+    for rolled_back, expected in zip(trainer.model.trainable_variables, reference.model.trainable_variables):
+        assert np.array_equal(rolled_back.numpy(), expected.numpy()), rolled_back.path
+    events = [json.loads(line) for line in (tmp_path / "rollback" / "metrics.jsonl").read_text().splitlines()]
+    rollback = next(e for e in events if e.get("event") == "rollback")
+    assert (rollback["step"], rollback["to_step"], rollback["next_batch"]) == (6, 4, 6)
 
 
 def test_train_step_measures_the_wait_for_input(windows, tokenizer):

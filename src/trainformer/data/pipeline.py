@@ -159,6 +159,28 @@ def train_dataset(
     )
 
 
+def distribute(strategy: tf.distribute.Strategy, global_batches: tf.data.Dataset) -> tf.distribute.DistributedDataset:
+    """Split every batch of the global_batches dataset across the replicas: replica r
+    of R gets rows [r*b/R, (r+1)*b/R). Together they see exactly the one-device batch, so
+    every strategy computes the same update; each worker builds the same global stream (a pure
+    function of the batch number) and keeps only its replicas' rows.
+    """
+    replicas = strategy.num_replicas_in_sync
+
+    def pipeline(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        local = replicas // context.num_input_pipelines  # replicas fed by this worker
+        first = context.input_pipeline_id * local
+
+        def rows_of_local_replicas(tensor: tf.Tensor) -> tf.Tensor:  # (b, ...) -> (local, b/R, ...)
+            per_replica = tf.reshape(tensor, [replicas, tensor.shape[0] // replicas, *tensor.shape[1:]])
+            return per_replica[first : first + local]
+
+        split = lambda *batch: tf.nest.map_structure(rows_of_local_replicas, batch)  # noqa: E731
+        return global_batches.map(split).unbatch()  # local replicas take consecutive elements
+
+    return strategy.distribute_datasets_from_function(pipeline)
+
+
 def eval_batches(
     windows: np.ndarray, batch_size: int, seed: int, mask_rate: float, vocab_size: int
 ) -> list[tuple[dict, dict]]:

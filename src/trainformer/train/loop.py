@@ -20,6 +20,8 @@ from trainformer.train.optim import DynamicLossScale, dense_gradients
 from trainformer.train.preemption import StopRequest
 
 SUM = tf.distribute.ReduceOp.SUM
+MEAN = tf.distribute.ReduceOp.MEAN
+MAX_ROLLBACKS = 3  # to one checkpoint in a row: then the run stops, as with train.on_nan=stop
 
 
 def masked_lm_sums(logits: tf.Tensor, targets: dict) -> dict[str, tf.Tensor]:
@@ -41,11 +43,12 @@ class NonFiniteGradients(TrainingError):
     """A step produced NaN/inf gradients (outside fp16 loss scaling): the update was skipped,
     so the weights and every checkpoint are still finite."""
 
-    def __init__(self, step: int, variables: list[str], last_checkpoint: str | None):
+    def __init__(self, step: int, variables: list[str], last_checkpoint: str | None, after_rollbacks: bool = False):
         more = f" (and {len(variables) - 1} more variables)" if len(variables) > 1 else ""
         resume = f"the last checkpoint is {last_checkpoint}" if last_checkpoint else "no checkpoint was written yet"
+        again = f" again after {MAX_ROLLBACKS} rollbacks to the same checkpoint" if after_rollbacks else ""
         super().__init__(
-            f"step {step}: non-finite gradient for {variables[0]}{more}; the update was skipped and "
+            f"step {step}: non-finite gradient for {variables[0]}{more}{again}; the update was skipped and "
             f"training stopped; {resume}. Lower train.learning_rate or train.clip_norm, or check the data"
         )
         self.step = step
@@ -97,7 +100,15 @@ class Evaluator:
 
 class Trainer:
     """Trains a masked-LM model with AdamW, global-norm clipping and dense embedding gradients,
-    optionally accumulating gradients over several micro-batches per update.
+    optionally accumulating gradients over several micro-batches per update, on any
+    tf.distribute strategy.
+
+    One update: every replica sums the gradients of its rows of the micro-batches; the sums
+    are all-reduced, divided by the number of masked tokens of the whole update and clipped
+    by their global norm, so N replicas compute the one-device update of the same global
+    batch. An update with a non-finite gradient is skipped (weights and checkpoints stay
+    finite): under fp16 the loss scale shrinks and training goes on; otherwise fit() stops or
+    rolls back (train.on_nan).
 
     Model and optimizer must have been created under `strategy.scope()`.
     """
@@ -110,22 +121,31 @@ class Trainer:
         self.config = config
         with strategy.scope():
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+            # Batches skipped by rollbacks: step n trains on batches from n * accumulate + data_offset.
+            self.data_offset = tf.Variable(0, dtype=tf.int64, trainable=False, name="data_offset")
             optimizer.build(model.trainable_variables)  # create slots now, so a restore fills them
             self.loss_scale = DynamicLossScale() if config.precision == "fp16" else None
-        # XLA compiles the replica computations (model, loss, gradients, update); fetching
-        # batches stays outside, since iterators cannot be compiled.
+        # XLA compiles the model's forward and backward pass; batches are fetched outside
+        # (iterators cannot be compiled) and the all-reduce stays outside too.
         jit = use_xla(config.xla)
-        self._compiled_step = tf.function(self._replica_step, jit_compile=jit)
         self._compiled_gradients = tf.function(self._replica_gradients, jit_compile=jit)
-        self._compiled_update = tf.function(self._replica_update, jit_compile=jit)
+        # apply_gradients calls merge_call, which fails inside a nested tf.function when
+        # there are several replicas: the update is compiled on one device only.
+        single = strategy.num_replicas_in_sync == 1
+        self._apply = tf.function(self._replica_apply, jit_compile=jit) if single else self._replica_apply
         self._train_step = tf.function(self._distributed_train_step)
+        self._rollbacks: dict[str | None, int] = {}  # rollbacks in a row to one checkpoint
         self.evaluate = Evaluator(model)
 
     def checkpoint_objects(self) -> dict:
         """Everything a checkpoint must hold for an exact resume."""
         objects = {"model": self.model, "optimizer": self.optimizer, "step": self.step,
-                   "dropout_seeds": dropout_seed_states(self.model)}
+                   "data_offset": self.data_offset, "dropout_seeds": dropout_seed_states(self.model)}
         return {**objects, "loss_scale": self.loss_scale} if self.loss_scale else objects
+
+    def next_batch(self) -> int:
+        """The number of the next batch to train on (see data_offset)."""
+        return int(self.step.numpy()) * self.config.accumulate + int(self.data_offset.numpy())
 
     def _replica_gradients(self, inputs: dict, targets: dict) -> tuple[list, dict]:
         """Gradients of the *summed* masked-token loss of one micro-batch (normalised later, once
@@ -135,35 +155,25 @@ class Trainer:
             loss = sums["loss_sum"] * self.loss_scale.scale if self.loss_scale else sums["loss_sum"]
         return dense_gradients(tape.gradient(loss, self.model.trainable_variables)), sums
 
-    def _replica_update(self, gradient_sums: list, count: tf.Tensor) -> dict:
-        """Mean over the masked tokens of the global batch (loss scale undone), clip, apply.
-
-        An update with a non-finite gradient is skipped, so weights and checkpoints stay finite:
-        under fp16 the loss scale shrinks and training goes on; otherwise fit() stops with a
-        diagnostic. Returns the gradient norm and, per variable, whether its gradient was
-        non-finite (float, so replicas can sum it).
-        """
+    def _replica_step(self, batches: list) -> tuple[list, dict]:
+        """On each replica: the clipped global gradient of this update (the same on every
+        replica), the gradient norm, per variable whether its gradient is non-finite (float,
+        so it can be reduced), and this replica's loss/accuracy sums."""
+        gradient_sums, sums = self._compiled_gradients(*batches[0])
+        for inputs, targets in batches[1:]:
+            gradients, more = self._compiled_gradients(inputs, targets)
+            gradient_sums = [total + g for total, g in zip(gradient_sums, gradients)]
+            sums = {k: sums[k] + more[k] for k in sums}
         context = tf.distribute.get_replica_context()
-        divisor = tf.maximum(context.all_reduce(SUM, count), 1.0)
-        if self.loss_scale:
-            divisor *= self.loss_scale.scale
+        gradient_sums, count = context.all_reduce(SUM, (gradient_sums, sums["count"]))
+        divisor = tf.maximum(count, 1.0) * (self.loss_scale.scale if self.loss_scale else 1.0)
         gradients = [g / divisor for g in gradient_sums]
         nonfinite = tf.stack([tf.cast(tf.reduce_any(~tf.math.is_finite(g)), tf.float32) for g in gradients])
-        finite = tf.equal(tf.reduce_sum(nonfinite), 0.0)
         gradients, grad_norm = tf.clip_by_global_norm(gradients, self.config.clip_norm)
+        return gradients, {**sums, "grad_norm": grad_norm, "nonfinite": nonfinite}
 
-        def apply():
-            self.optimizer.apply_gradients(zip(gradients, self.model.trainable_variables))
-            return tf.constant(True)
-
-        tf.cond(finite, apply, lambda: tf.constant(False))
-        if self.loss_scale:
-            self.loss_scale.update(finite)
-        return {"grad_norm": grad_norm, "nonfinite": nonfinite}
-
-    def _replica_step(self, inputs: dict, targets: dict) -> dict:
-        gradients, sums = self._replica_gradients(inputs, targets)
-        return {**sums, **self._replica_update(gradients, sums["count"])}
+    def _replica_apply(self, gradients: list) -> None:
+        self.optimizer.apply_gradients(zip(gradients, self.model.trainable_variables))
 
     def train_step(self, iterator) -> dict:
         """One optimizer update from the next `accumulate` batches of iterator.
@@ -177,40 +187,40 @@ class Trainer:
         return {**self._train_step(batches), "data_wait_s": data_wait}
 
     def _distributed_train_step(self, batches: list) -> dict:
-        if len(batches) == 1:
-            results = self.strategy.run(self._compiled_step, args=batches[0])
-        else:
-            results = self._accumulated_step(batches)
+        gradients, results = self.strategy.run(self._replica_step, args=(batches,))
+        # Computed from all-reduced gradients, so equal on every replica: the mean is any one.
+        nonfinite = self.strategy.reduce(MEAN, results.pop("nonfinite"), axis=None)
+        grad_norm = self.strategy.reduce(MEAN, results.pop("grad_norm"), axis=None)
+        finite = tf.equal(tf.reduce_sum(nonfinite), 0.0)
+
+        def apply():
+            self.strategy.run(self._apply, args=(gradients,))
+            return tf.constant(True)
+
+        tf.cond(finite, apply, lambda: tf.constant(False))  # here, not per replica: merge_call fails in a cond branch
+        if self.loss_scale:
+            self.loss_scale.update(finite)
         self.step.assign_add(1)
-        reduced = {k: self.strategy.reduce(SUM, v, axis=None) for k, v in results.items()}
-        reduced["grad_norm"] /= self.strategy.num_replicas_in_sync
-        return reduced
+        sums = {k: self.strategy.reduce(SUM, v, axis=None) for k, v in results.items()}
+        return {**sums, "grad_norm": grad_norm, "nonfinite": nonfinite}
 
-    def _accumulated_step(self, batches: list) -> dict:
-        gradient_sums = [tf.zeros_like(v) for v in self.model.trainable_variables]
-        sums = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
-        for batch in batches:
-            gradients, micro_sums = self.strategy.run(self._compiled_gradients, args=batch)
-            gradient_sums = [total + g for total, g in zip(gradient_sums, gradients)]
-            sums = {k: sums[k] + micro_sums[k] for k in sums}
-        update = self.strategy.run(self._compiled_update, args=(gradient_sums, sums["count"]))
-        return {**sums, **update}
-
-    def fit(self, iterator, eval_batches: list, baseline_id: int, monitor: Monitor,
+    def fit(self, batches_from, eval_batches: list, baseline_id: int, monitor: Monitor,
             checkpoints: Checkpoints) -> dict | None:
         """Train from the current step to config.steps, logging, evaluating and checkpointing.
 
-        Returns the last eval's metrics (None when there was nothing to train). On SIGTERM or
-        Ctrl-C it finishes the current step, saves a checkpoint and returns; `stopped_by` then
-        names the signal.
+        batches_from(n) returns an iterator over the training batches from batch number n on
+        (a rollback starts a new one). Returns the last eval's metrics (None when there was
+        nothing to train). On SIGTERM or Ctrl-C it finishes the current step, saves a
+        checkpoint and returns; `stopped_by` then names the signal.
         """
         self.stopped_by = None
         with StopRequest() as stop:
-            return self._fit(iterator, eval_batches, baseline_id, monitor, checkpoints, stop)
+            return self._fit(batches_from, eval_batches, baseline_id, monitor, checkpoints, stop)
 
-    def _fit(self, iterator, eval_batches, baseline_id, monitor, checkpoints, stop) -> dict | None:
+    def _fit(self, batches_from, eval_batches, baseline_id, monitor, checkpoints, stop) -> dict | None:
         config = self.config
         step = int(self.step.numpy())
+        iterator = batches_from(self.next_batch())
         totals: dict[str, tf.Tensor] = {}
         metrics = None
         while step < config.steps:
@@ -225,8 +235,9 @@ class Trainer:
             monitor.step_done(results.pop("data_wait_s"))
             nonfinite = results.pop("nonfinite")
             if not self.loss_scale and bool(tf.reduce_any(nonfinite > 0)):  # one small host sync per step
-                monitor.record({"event": "non_finite", "step": step})
-                raise NonFiniteGradients(step, self._names_where(nonfinite), checkpoints.latest.latest_checkpoint)
+                step = self._on_nonfinite(step, self._names_where(nonfinite), monitor, checkpoints)
+                iterator, totals = batches_from(self.next_batch()), {}
+                continue
             for key, value in {**results, "steps": 1}.items():  # tensors: no host sync per step
                 totals[key] = totals.get(key, 0) + value
             last = step == config.steps
@@ -243,6 +254,30 @@ class Trainer:
                 with monitor.not_training():
                     checkpoints.save(step)
         return metrics
+
+    def _on_nonfinite(self, step: int, variables: list[str], monitor: Monitor, checkpoints: Checkpoints) -> int:
+        """Stop (train.on_nan=stop), or roll back: restore the latest checkpoint and skip every
+        batch trained on since, the offending one included (a loss spike usually builds up
+        over several batches). Without a checkpoint only the offending batches are skipped:
+        their update was never applied. Returns the step training goes on from."""
+        last_checkpoint = checkpoints.latest.latest_checkpoint
+        monitor.record({"event": "non_finite", "step": step, "variables": variables[:5]})
+        rollbacks = self._rollbacks.get(last_checkpoint, 0) + 1
+        if self.config.on_nan == "stop" or rollbacks > MAX_ROLLBACKS:
+            raise NonFiniteGradients(step, variables, last_checkpoint, rollbacks > MAX_ROLLBACKS)
+        self._rollbacks = {last_checkpoint: rollbacks}
+        consumed = self.next_batch()  # batches trained on so far, the offending ones included
+        with monitor.not_training():
+            restored = checkpoints.restore_latest(warn=monitor.say) if last_checkpoint else None
+        if not restored:
+            self.step.assign(step - 1)
+        back_to = int(self.step.numpy())
+        self.data_offset.assign(consumed - back_to * self.config.accumulate)
+        monitor.record({"event": "rollback", "step": step, "to_step": back_to, "checkpoint": restored,
+                        "next_batch": consumed})
+        monitor.say(f"step {step}: non-finite gradient for {variables[0]}; rolled back to step {back_to}"
+                    f"{f' ({restored})' if restored else ''}, training goes on from batch {consumed}")
+        return back_to
 
     def _names_where(self, nonfinite: tf.Tensor) -> list[str]:
         flags = nonfinite.numpy()

@@ -28,8 +28,21 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
         return {"peak": self.peak, "warmup_steps": self.warmup_steps, "total_steps": self.total_steps}
 
 
-def make_optimizer(peak: float, warmup_steps: int, total_steps: int, weight_decay: float) -> keras.optimizers.AdamW:
-    optimizer = keras.optimizers.AdamW(
+class AdamW(keras.optimizers.AdamW):
+    """Keras AdamW that applies the gradients it is given.
+
+    Keras sums gradients across replicas inside `apply_gradients`, after any clipping done
+    before it, so each replica would clip only its own share. The Trainer all-reduces, then
+    normalises and clips the global gradient itself (loop.py); a second sum here would
+    multiply it by the number of replicas.
+    """
+
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        return grads_and_vars
+
+
+def make_optimizer(peak: float, warmup_steps: int, total_steps: int, weight_decay: float) -> AdamW:
+    optimizer = AdamW(
         learning_rate=WarmupLinearDecay(peak, warmup_steps, total_steps),
         weight_decay=weight_decay, beta_1=0.9, beta_2=0.98, epsilon=1e-6,
     )

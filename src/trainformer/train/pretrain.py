@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +18,11 @@ import tensorflow as tf
 
 from trainformer.config import ExperimentConfig
 from trainformer.data.corpus import Corpus, load_corpus
-from trainformer.data.pipeline import cached_token_stream, eval_batches, most_frequent_token, pack, train_dataset
+from trainformer.data.pipeline import (
+    cached_token_stream, distribute, eval_batches, most_frequent_token, pack, train_dataset,
+)
 from trainformer.data.tokenizer import VOCAB_FILE, Tokenizer, copy_vocab, train_vocab
-from trainformer.errors import UserError
+from trainformer.errors import TrainingError, UserError
 from trainformer.model.heads import build_masked_lm
 from trainformer.train.checkpoint import Checkpoints, restore_model
 from trainformer.train.loop import Evaluator, Trainer
@@ -26,7 +30,7 @@ from trainformer.train.monitor import Monitor, format_duration
 from trainformer.train.optim import make_optimizer
 from trainformer.train.prometheus import PrometheusExporter
 from trainformer.train.run_dir import RunDir, environment, now
-from trainformer.train.strategy import describe_devices, make_strategy
+from trainformer.train.strategy import barrier, configure_devices, describe_devices, is_chief, make_strategy
 
 DTYPE_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 EVAL_SEED = 20260101  # fixed: every eval of every run scores the same valid targets
@@ -44,13 +48,19 @@ class Data:
     was_cached: bool
 
 
-def prepare_data(config: ExperimentConfig, run: RunDir, say=print) -> Data:
-    """Load the corpus, train the vocabulary (once per run) and pack tokenized windows (cached)."""
+def prepare_data(config: ExperimentConfig, run: RunDir, say=print, train_vocabulary: bool = True) -> Data:
+    """Load the corpus, train the vocabulary (once per run) and pack tokenized windows (cached).
+
+    train_vocabulary=False (non-chief workers): the run's vocabulary must exist already.
+    """
     corpus = load_corpus(config.data.corpus, config.data.valid_fraction)
     say(f"corpus: {corpus.summary()}")
     tok = config.tokenizer
     if (run.tokenizer_dir / VOCAB_FILE).is_file():
         pass  # a run keeps its vocabulary: token ids must not change under a checkpoint
+    elif not train_vocabulary:
+        raise UserError(f"{run.root}: the chief's vocabulary is not there; the run directory must be on "
+                        f"storage every worker sees")
     elif tok.vocab_file:
         say(f"vocabulary: {copy_vocab(tok.vocab_file, run.tokenizer_dir, tok.lowercase)} (from {tok.vocab_file})")
     else:
@@ -76,11 +86,28 @@ def build_model(config: ExperimentConfig, vocab_size: int) -> keras.Model:
 
 def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout, metrics_port: int | None = None) -> dict:
     """Train (or resume) a masked-LM run in run_dir and return the final valid metrics
-    ({"step", "stopped_by"} instead when SIGTERM or Ctrl-C stopped it early)."""
-    say = lambda text: print(text, file=out, flush=True)  # noqa: E731
-    run = RunDir(run_dir)
-    run.prepare(config)
+    ({"step", "stopped_by"} instead when SIGTERM or Ctrl-C stopped it early).
+
+    With several workers every process runs this; only the chief writes run_dir, which must
+    be on storage all workers see (they read its vocabulary, token cache and checkpoints).
+    """
+    configure_devices(config.runtime)
+    strategy = make_strategy(config.train.strategy)  # first: the multi-worker runtime must start before any op
+    chief = is_chief(strategy)
+    say = (lambda text: print(text, file=out, flush=True)) if chief else (lambda text: None)  # noqa: E731
+    with contextlib.ExitStack() as cleanup:
+        # Non-chief workers write their checkpoints and logs to a scratch folder, deleted at exit.
+        writes = RunDir(run_dir) if chief else RunDir(Path(cleanup.enter_context(tempfile.TemporaryDirectory())))
+        return _pretrain(config, RunDir(run_dir), writes, strategy, say, out if chief else None, metrics_port)
+
+
+def _pretrain(config: ExperimentConfig, run: RunDir, writes: RunDir, strategy: tf.distribute.Strategy, say, out,
+              metrics_port: int | None) -> dict:
+    chief = writes == run
     train_cfg = config.train
+    if chief:
+        run.prepare(config)
+    check_batch_split(train_cfg.batch_size, strategy.num_replicas_in_sync)
     keras.utils.set_random_seed(train_cfg.seed)  # Python, NumPy and TF seeds: model init, dropout
     if train_cfg.deterministic:
         # Deterministic kernels; our own jit_compile functions keep XLA (DESIGN.md).
@@ -88,36 +115,39 @@ def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout, metrics_po
         if not (run.tokenizer_dir / VOCAB_FILE).is_file() and not config.tokenizer.vocab_file:
             say("note: vocabulary training is not deterministic (huggingface/tokenizers#1794): "
                 "set tokenizer.vocab_file to compare fresh runs bit for bit")
-    data = prepare_data(config, run, say)
+    data = prepare_data(config, run, say) if chief else None
+    barrier(strategy)  # the chief has written the vocabulary and token cache: the others read them
+    data = data or prepare_data(config, run, say, train_vocabulary=False)
     if len(data.train_windows) < train_cfg.batch_size:
         raise UserError(
             f"train.batch_size: {train_cfg.batch_size} is more than the {len(data.train_windows)} "
             f"training windows of data.seq_len={config.data.seq_len} in {data.corpus.source}"
         )
 
-    strategy = make_strategy()
     with strategy.scope():
         model = build_model(config, data.tokenizer.vocab_size)
         optimizer = make_optimizer(train_cfg.learning_rate, train_cfg.warmup_steps, train_cfg.steps, train_cfg.weight_decay)
     trainer = Trainer(model, optimizer, strategy, train_cfg)
-    checkpoints = Checkpoints(run.checkpoints_dir, train_cfg.keep_checkpoints, **trainer.checkpoint_objects())
-    restored = checkpoints.restore_latest(warn=say)
+    checkpoints = Checkpoints(writes.checkpoints_dir, train_cfg.keep_checkpoints, **trainer.checkpoint_objects())
+    shared = checkpoints if chief else Checkpoints(run.checkpoints_dir, 1, **trainer.checkpoint_objects())
+    restored = shared.restore_latest(warn=say)
     start_step = int(trainer.step.numpy())
-    dataset = train_dataset(
-        data.train_windows, train_cfg.batch_size, train_cfg.seed, config.data.mask_rate, data.tokenizer.vocab_size,
-        start_batch=start_step * train_cfg.accumulate,
-    )
-    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+
+    def batches_from(number: int):
+        return iter(distribute(strategy, train_dataset(
+            data.train_windows, train_cfg.batch_size, train_cfg.seed, config.data.mask_rate,
+            data.tokenizer.vocab_size, start_batch=number,
+        )))
+
     valid = eval_batches(data.valid_windows, train_cfg.batch_size, EVAL_SEED, config.data.mask_rate,
                          data.tokenizer.vocab_size)
-
-    manifest = start_manifest(run, config, data, model.count_params(), resumed=bool(restored), start_step=start_step)
+    manifest = start_manifest(writes, config, data, model.count_params(), strategy, restored, start_step)
     tokens_per_step = train_cfg.accumulate * train_cfg.batch_size * config.data.seq_len
-    exporter = PrometheusExporter(metrics_port) if metrics_port else None
+    exporter = PrometheusExporter(metrics_port) if metrics_port and chief else None
     if exporter:
         say(f"metrics: http://127.0.0.1:{metrics_port}/metrics")
-    monitor = Monitor(run.metrics_file, run.logs_dir, train_cfg.steps, tokens_per_step, out, exporter)
-    print_summary(say, config, data, model.count_params(), run)
+    monitor = Monitor(writes.metrics_file, writes.logs_dir, train_cfg.steps, tokens_per_step, out, exporter)
+    print_summary(say, config, data, model.count_params(), strategy, run)
     if restored:
         say(f"resuming from checkpoint {restored} (step {start_step}/{train_cfg.steps})")
         monitor.record({"event": "resume", "step": start_step, "checkpoint": restored, "time": time.time()})
@@ -126,7 +156,13 @@ def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout, metrics_po
             f"(raise it with --set train.steps=N to train longer)")
 
     started = time.perf_counter()
-    final = trainer.fit(iterator, valid, data.baseline_id, monitor, checkpoints)
+    try:
+        final = trainer.fit(batches_from, valid, data.baseline_id, monitor, checkpoints)
+    except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError) as err:
+        if not strategy.extended.experimental_between_graph:
+            raise
+        raise TrainingError(f"lost contact with another worker ({type(err).__name__}); every worker stops: "
+                            f"restart them all to resume from the last checkpoint") from None
     if not trainer.stopped_by:
         final = final or trainer.evaluate(valid, data.baseline_id)
     monitor.close()
@@ -134,19 +170,25 @@ def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout, metrics_po
     manifest["segments"][-1].update({"ended_at": now(), "to_step": step})
     if trainer.stopped_by:
         manifest["segments"][-1]["stopped_by"] = trainer.stopped_by
-        run.write_manifest(manifest)
+        writes.write_manifest(manifest)
         say(f"{trainer.stopped_by}: stopped at step {step}/{train_cfg.steps} and saved a checkpoint; "
             f"run the same command again to resume")
         return {"step": step, "stopped_by": trainer.stopped_by}
     final = {**final, "step": step}
     manifest.update({"ended_at": now(), "final_eval": final})
-    run.write_manifest(manifest)
+    writes.write_manifest(manifest)
     print_result(say, final, run, time.perf_counter() - started)
     return final
 
 
-def start_manifest(run: RunDir, config: ExperimentConfig, data: Data, num_params: int, resumed: bool,
-                   start_step: int) -> dict:
+def check_batch_split(batch_size: int, replicas: int) -> None:
+    if batch_size % replicas:
+        raise UserError(f"train.batch_size: {batch_size} windows cannot be split evenly across {replicas} replicas; "
+                        f"use a multiple of {replicas}")
+
+
+def start_manifest(run: RunDir, config: ExperimentConfig, data: Data, num_params: int,
+                   strategy: tf.distribute.Strategy, resumed: bool, start_step: int) -> dict:
     """Write manifest.json for this run segment (a resumed run keeps its earlier segments)."""
     manifest = run.read_manifest() if resumed else {}
     manifest.update({
@@ -154,7 +196,8 @@ def start_manifest(run: RunDir, config: ExperimentConfig, data: Data, num_params
         "seed": config.train.seed,
         "num_params": num_params,
         "vocab_size": data.tokenizer.vocab_size,
-        "devices": describe_devices(),
+        "devices": describe_devices(strategy),
+        "replicas": strategy.num_replicas_in_sync,
         "data": {
             "source": data.corpus.source,
             "fingerprint": data.corpus.fingerprint,
@@ -173,11 +216,12 @@ def start_manifest(run: RunDir, config: ExperimentConfig, data: Data, num_params
     return manifest
 
 
-def print_summary(say, config: ExperimentConfig, data: Data, num_params: int, run: RunDir) -> None:
+def print_summary(say, config: ExperimentConfig, data: Data, num_params: int, strategy: tf.distribute.Strategy,
+                  run: RunDir) -> None:
     m, t = config.model, config.train
     say(f"model: {m.num_layers} layers, d_model {m.d_model}, {m.num_heads} heads, dff {m.dff}, {m.norm}-LN, "
         f"{m.position} positions, vocab {data.tokenizer.vocab_size:,}: {num_params:,} parameters, {t.precision}")
-    say(f"devices: {', '.join(describe_devices())}; tokenized data {'from cache' if data.was_cached else 'cached'} "
+    say(f"devices: {'; '.join(describe_devices(strategy))}; tokenized data {'from cache' if data.was_cached else 'cached'} "
         f"in {run.cache_dir}")
     accumulate = f" x {t.accumulate} accumulated" if t.accumulate > 1 else ""
     tokens = t.accumulate * t.batch_size * config.data.seq_len
@@ -201,8 +245,7 @@ def evaluate(run_dir: Path, split: str = "valid", which: str = "latest") -> dict
     config = run.load_config()
     data = prepare_data(config, run, say=lambda text: None)
     windows = data.valid_windows if split == "valid" else data.train_windows
-    strategy = make_strategy()
-    with strategy.scope():
+    with make_strategy("one_device").scope():
         model = build_model(config, data.tokenizer.vocab_size)
     try:
         path, step = restore_model(model, run.checkpoints_dir, which)

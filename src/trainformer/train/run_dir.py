@@ -20,6 +20,8 @@ from trainformer.files import write_atomic
 # what any finished step computed. Everything else must match the run's config.yaml.
 RESUMABLE_CHANGES = {
     "train.steps", "train.log_every", "train.eval_every", "train.checkpoint_every", "train.keep_checkpoints",
+    "train.attention_layer",  # only what TensorBoard draws
+    "train.on_nan", "train.strategy", "runtime.memory_growth", "runtime.cpu_devices",  # e.g. resume on other hardware
 }
 PACKAGES = ("trainformer", "tensorflow", "tensorflow-text", "keras", "tokenizers", "numpy", "tensorboard", "snownlp")
 

@@ -1,34 +1,108 @@
-"""Choose the tf.distribute strategy and describe the devices it runs on."""
+"""Devices and the tf.distribute strategy: which replicas train, and which process writes.
+
+Every strategy runs the same Trainer step: the replicas all-reduce their gradient sums, so
+one device, N GPUs and N workers compute the same update for the same global batch.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 
 import tensorflow as tf
 
+from trainformer.config import RuntimeConfig
+from trainformer.errors import UserError
 
-def make_strategy() -> tf.distribute.Strategy:
-    """One device: the first GPU if there is one, else the CPU.
+STRATEGIES = ("one_device", "mirrored", "multi_worker", "tpu")
 
-    The loop already runs through `strategy.run`, but gradient clipping and aggregation across
-    replicas are not yet validated for MirroredStrategy, so more GPUs are not used silently
-    with a subtly different update. GPU memory growth is switched on first so TF does not
-    reserve all memory of the GPU.
-    """
-    gpus = tf.config.list_physical_devices("GPU")
-    for gpu in gpus:
+
+def configure_devices(runtime: RuntimeConfig) -> None:
+    """Apply runtime settings that TensorFlow only accepts before it initialises its devices:
+    GPU memory growth (so TF does not reserve a whole GPU at start) and logical CPU devices."""
+    for gpu in tf.config.list_physical_devices("GPU"):
         try:
-            tf.config.experimental.set_memory_growth(gpu, True)
-        except RuntimeError:  # devices already initialised (e.g. a second run in one process)
+            tf.config.experimental.set_memory_growth(gpu, runtime.memory_growth)
+        except RuntimeError:  # already initialised, e.g. a second run in one process
             pass
-    return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
+    if runtime.cpu_devices > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        try:
+            tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * runtime.cpu_devices)
+        except RuntimeError:
+            if len(tf.config.list_logical_devices("CPU")) != runtime.cpu_devices:
+                raise UserError("runtime.cpu_devices: TensorFlow's devices were initialised before it could be "
+                                "applied; set it in a fresh process") from None
 
 
-def describe_devices() -> list[str]:
-    """One line per device, e.g. 'GPU:0 NVIDIA H200' or 'CPU (2 cores)'."""
+def cluster_workers() -> int:
+    """How many processes TF_CONFIG names (0 without TF_CONFIG)."""
+    try:
+        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+    except json.JSONDecodeError as err:
+        raise UserError(f"TF_CONFIG: not valid JSON ({err})") from None
+    return sum(len(cluster.get(kind, [])) for kind in ("chief", "worker"))
+
+
+def resolve_strategy(name: str) -> str:
+    """`auto`: multi_worker when TF_CONFIG names several processes, mirrored with several
+    GPUs, otherwise one device."""
+    if name != "auto":
+        return name
+    if cluster_workers() > 1:
+        return "multi_worker"
+    return "mirrored" if len(tf.config.list_physical_devices("GPU")) > 1 else "one_device"
+
+
+def make_strategy(name: str = "one_device") -> tf.distribute.Strategy:
+    """The strategy for train.strategy. Call it before any other TensorFlow work: the
+    multi-worker strategy must configure the collective runtime first."""
+    name = resolve_strategy(name)
+    gpus = tf.config.list_logical_devices("GPU")
+    if name == "one_device":
+        return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")
+    if name == "mirrored":  # every GPU, else every logical CPU (runtime.cpu_devices)
+        return tf.distribute.MirroredStrategy([d.name for d in gpus or tf.config.list_logical_devices("CPU")])
+    if name == "multi_worker":
+        if cluster_workers() < 1:
+            raise UserError("train.strategy: multi_worker needs TF_CONFIG naming the cluster and this task "
+                            "(trainformer launch sets it for local workers; see README, 'Many machines')")
+        implementation = (tf.distribute.experimental.CommunicationImplementation.NCCL if gpus
+                          else tf.distribute.experimental.CommunicationImplementation.RING)
+        options = tf.distribute.experimental.CommunicationOptions(implementation=implementation)
+        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    return _tpu_strategy()
+
+
+def _tpu_strategy() -> tf.distribute.Strategy:
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=os.environ.get("TPU_NAME", ""))
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+    except (ValueError, tf.errors.OpError) as err:
+        raise UserError(f"train.strategy: tpu: no TPU found ({str(err).splitlines()[0]})") from None
+    return tf.distribute.TPUStrategy(resolver)
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """Whether this process writes the run directory (always, except non-chief workers)."""
+    return strategy.extended.should_checkpoint
+
+
+def barrier(strategy: tf.distribute.Strategy) -> None:
+    """Wait until every worker reaches this point (a collective; nothing without workers)."""
+    if strategy.extended.experimental_between_graph:  # one process per worker
+        strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)), axis=None)
+
+
+def describe_devices(strategy: tf.distribute.Strategy | None = None) -> list[str]:
+    """One line per GPU ('GPU:0 NVIDIA H200') or the CPU, and how the strategy uses them."""
     gpus = tf.config.list_physical_devices("GPU")
-    lines = []
-    for index, gpu in enumerate(gpus):
-        details = tf.config.experimental.get_device_details(gpu)
-        lines.append(f"GPU:{index} {details.get('device_name', 'GPU')}" + (" (used)" if index == 0 else " (idle)"))
-    return lines or [f"CPU ({os.cpu_count()} cores)"]
+    lines = [f"GPU:{i} {tf.config.experimental.get_device_details(gpu).get('device_name', 'GPU')}"
+             for i, gpu in enumerate(gpus)] or [f"CPU ({os.cpu_count()} cores)"]
+    if strategy is not None:
+        devices = ", ".join(d.split("/")[-1].lower().replace("device:", "") for d in strategy.extended.worker_devices)
+        workers = cluster_workers() if strategy.extended.experimental_between_graph else 1
+        lines.append(f"{type(strategy).__name__}: {strategy.num_replicas_in_sync} replica(s)"
+                     + (f" on {workers} workers" if workers > 1 else "") + f" ({devices} here)")
+    return lines
