@@ -84,6 +84,12 @@ class Monitor:
             f"masked acc {metrics['masked_accuracy']:.2%} (baseline {metrics['baseline_accuracy']:.2%})"
         )
 
+    def log_image(self, step: int, name: str, image) -> None:
+        """Write one image, (1, H, W, 3 or 4) uint8, to the valid TensorBoard log at step."""
+        with self.writers["valid"].as_default(step=step):
+            tf.summary.image(name, image, max_outputs=1)
+        self.writers["valid"].flush()
+
     @contextlib.contextmanager
     def not_training(self):
         """Keep time spent in eval and checkpointing out of tokens/s and the ETA."""
