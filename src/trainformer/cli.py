@@ -32,6 +32,11 @@ def parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--checkpoint", choices=("latest", "best"), default="latest")
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
 
+    launch = verbs.add_parser("launch", help="train with N local worker processes (MultiWorkerMirroredStrategy)",
+                              usage="trainformer launch --workers N -- train [CONFIG] [--set KEY=VALUE ...]")
+    launch.add_argument("--workers", type=int, required=True, metavar="N")
+    launch.add_argument("command", nargs=argparse.REMAINDER, help="'--' then the train command line")
+
     data = verbs.add_parser("data", help="built-in corpora")
     data.add_argument("action", choices=("list",))
     return top
@@ -67,6 +72,15 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     from trainformer.config import load_config
+
+    if args.verb == "launch":
+        from trainformer.launch import launch
+
+        command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        if command[:1] == ["train"]:  # a bad config fails here once, not in every worker
+            train = parser().parse_args(command)
+            load_config(train.config, train.overrides)
+        return launch(args.workers, command)
 
     if args.verb == "train":
         config = load_config(args.config, args.overrides)  # fails fast, before TensorFlow loads

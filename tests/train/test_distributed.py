@@ -1,12 +1,19 @@
 """Multi-device training through the real command line: MirroredStrategy on two logical CPU
-devices computes the one-device update of the same global batch."""
+devices and two local MultiWorkerMirroredStrategy workers (trainformer launch) compute the
+one-device update of the same global batch."""
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import TINY, read_metrics, trainformer
+from cli_helpers import ENV, TINY, read_metrics, trainformer
 
 RUN = [*TINY, "--set", "train.steps=20", "--set", "train.log_every=1", "--set", "train.accumulate=2"]
 
@@ -51,3 +58,77 @@ def test_batch_that_does_not_split_across_replicas_is_an_error(tmp_path, vocab_a
                          "--set", "train.strategy=mirrored", "--set", "runtime.cpu_devices=2", check=False)
     assert result.returncode == 2
     assert "train.batch_size: 15 windows cannot be split evenly across 2 replicas" in result.stderr
+
+
+def launch(*args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "trainformer", "launch", *args], env=ENV, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def digests(output: str) -> list[str]:
+    return [line.split()[-1] for line in output.splitlines() if "weights sha256" in line]
+
+
+def test_two_workers_end_bitwise_equal_and_match_one_process(tmp_path, one_device, vocab_args):
+    run_dir = tmp_path / "run"
+    process = launch("--workers", "2", "--", "train", "--run-dir", str(run_dir), *RUN, *vocab_args)
+    output = process.communicate(timeout=600)[0]
+    assert process.returncode == 0, output
+    assert "2 replica(s) on 2 workers" in output
+    chief, worker = digests(output)
+    assert chief == worker  # the non-chief's weights, bitwise
+    assert json.loads((run_dir / "manifest.json").read_text())["weights_sha256"] == chief
+    assert len(train_losses(run_dir)) == 20  # one writer: every step logged once
+    np.testing.assert_allclose(train_losses(run_dir), train_losses(one_device), rtol=1e-5)
+
+
+def wait_for_step(process: subprocess.Popen, step: int) -> None:
+    for line in process.stdout:  # "step   5/400  loss ..."
+        if re.match(rf"step +{step}/", line):
+            return
+    raise AssertionError(f"the run ended before step {step}")
+
+
+def test_sigterm_stops_every_worker_at_one_step_and_all_resume(tmp_path, vocab_args):
+    args = ["--workers", "2", "--", "train", "--run-dir", str(tmp_path / "run"), *RUN, *vocab_args,
+            "--set", "train.steps=400"]
+    process = launch(*args)
+    wait_for_step(process, 5)
+    process.send_signal(signal.SIGTERM)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 0, output
+    stopped_at = int(re.search(r"SIGTERM: stopped at step (\d+)/400", output).group(1))
+
+    resumed = launch(*args[:-1], "train.steps=" + str(stopped_at + 5))
+    output = resumed.communicate(timeout=600)[0]
+    assert resumed.returncode == 0, output
+    assert "resuming from checkpoint" in output and f"(step {stopped_at}/{stopped_at + 5})" in output
+    chief, worker = digests(output)
+    assert chief == worker
+
+
+def test_a_dead_worker_stops_the_others_and_leaves_no_process(tmp_path, vocab_args):
+    process = launch("--workers", "2", "--", "train", "--run-dir", str(tmp_path / "run"), *RUN, *vocab_args,
+                     "--set", "train.steps=100000")
+    pids = [int(pid) for pid in re.search(r"\(pids ([\d, ]+)\)", process.stdout.readline()).group(1).split(", ")]
+    wait_for_step(process, 5)
+    os.kill(pids[1], signal.SIGKILL)
+    started = time.monotonic()
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 128 + signal.SIGKILL
+    assert "worker 1 was killed by SIGKILL; stopping the others" in output
+    assert time.monotonic() - started < 60
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+@pytest.mark.parametrize("strategy, message", [
+    ("multi_worker", "train.strategy: multi_worker needs TF_CONFIG"),
+    ("tpu", "train.strategy: tpu: no TPU found"),
+])
+def test_a_strategy_without_its_hardware_is_a_one_line_error(tmp_path, strategy, message):
+    result = trainformer("train", "--run-dir", str(tmp_path / "run"), *TINY, "--set", f"train.strategy={strategy}",
+                         check=False)
+    assert result.returncode == 2 and message in result.stderr
+    assert not (tmp_path / "run").exists()  # nothing written

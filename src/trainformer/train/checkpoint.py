@@ -9,6 +9,7 @@ the latest one.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -23,6 +24,14 @@ def dropout_seed_states(model: keras.Model) -> list[tf.Variable]:
     """Keras 3 dropout SeedGenerator states, which tf.train.Checkpoint does not track through
     the model (DESIGN.md): without them dropout masks differ after a resume."""
     return [v for v in model.non_trainable_variables if v.path.endswith("seed_generator_state")]
+
+
+def weights_digest(model: keras.Model) -> str:
+    """SHA-256 of every weight's bytes: equal digests mean bitwise-equal models."""
+    digest = hashlib.sha256()
+    for variable in model.weights:
+        digest.update(variable.numpy().tobytes())
+    return digest.hexdigest()
 
 
 class Checkpoints:

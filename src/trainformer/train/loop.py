@@ -18,6 +18,7 @@ from trainformer.train.checkpoint import Checkpoints, dropout_seed_states
 from trainformer.train.monitor import Monitor
 from trainformer.train.optim import DynamicLossScale, dense_gradients
 from trainformer.train.preemption import StopRequest
+from trainformer.train.strategy import count_votes, is_multi_worker
 
 SUM = tf.distribute.ReduceOp.SUM
 MEAN = tf.distribute.ReduceOp.MEAN
@@ -205,30 +206,32 @@ class Trainer:
         return {**sums, "grad_norm": grad_norm, "nonfinite": nonfinite}
 
     def fit(self, batches_from, eval_batches: list, baseline_id: int, monitor: Monitor,
-            checkpoints: Checkpoints) -> dict | None:
+            checkpoints: Checkpoints, on_eval=None) -> dict | None:
         """Train from the current step to config.steps, logging, evaluating and checkpointing.
 
         batches_from(n) returns an iterator over the training batches from batch number n on
-        (a rollback starts a new one). Returns the last eval's metrics (None when there was
+        (a rollback starts a new one); on_eval(monitor, step) runs after each eval (e.g. to
+        draw attention maps). Returns the last eval's metrics (None when there was
         nothing to train). On SIGTERM or Ctrl-C it finishes the current step, saves a
         checkpoint and returns; `stopped_by` then names the signal.
         """
         self.stopped_by = None
         with StopRequest() as stop:
-            return self._fit(batches_from, eval_batches, baseline_id, monitor, checkpoints, stop)
+            return self._fit(batches_from, eval_batches, baseline_id, monitor, checkpoints, on_eval, stop)
 
-    def _fit(self, batches_from, eval_batches, baseline_id, monitor, checkpoints, stop) -> dict | None:
+    def _fit(self, batches_from, eval_batches, baseline_id, monitor, checkpoints, on_eval, stop) -> dict | None:
         config = self.config
         step = int(self.step.numpy())
         iterator = batches_from(self.next_batch())
         totals: dict[str, tf.Tensor] = {}
         metrics = None
         while step < config.steps:
-            if stop.signal_name:
+            signal_name = self._agreed_stop(stop)
+            if signal_name:
                 with monitor.not_training():
                     checkpoints.save(step)
-                self.stopped_by = stop.signal_name
-                monitor.record({"event": "stopped", "signal": stop.signal_name, "step": step})
+                self.stopped_by = signal_name
+                monitor.record({"event": "stopped", "signal": signal_name, "step": step})
                 return None
             results = self.train_step(iterator)
             step += 1
@@ -248,12 +251,23 @@ class Trainer:
                 with monitor.not_training():
                     metrics = self.evaluate(eval_batches, baseline_id)
                     monitor.log_eval(step, metrics)
+                    if on_eval:
+                        on_eval(monitor, step)
                     if checkpoints.save_if_best(step, metrics["loss"]):
                         monitor.say(f"  new best valid loss: saved {checkpoints.best.latest_checkpoint}")
             if step % config.checkpoint_every == 0 or last:
                 with monitor.not_training():
                     checkpoints.save(step)
         return metrics
+
+    def _agreed_stop(self, stop: StopRequest) -> str | None:
+        """The signal that stops training before the next step. Workers agree on it (a worker
+        stopping alone would leave the others waiting in the next all-reduce for ever)."""
+        if not is_multi_worker(self.strategy):
+            return stop.signal_name
+        if count_votes(self.strategy, bool(stop.signal_name)) == 0:
+            return None
+        return stop.signal_name or "a signal to another worker"
 
     def _on_nonfinite(self, step: int, variables: list[str], monitor: Monitor, checkpoints: Checkpoints) -> int:
         """Stop (train.on_nan=stop), or roll back: restore the latest checkpoint and skip every

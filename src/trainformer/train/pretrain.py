@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import tempfile
 import time
@@ -24,13 +25,16 @@ from trainformer.data.pipeline import (
 from trainformer.data.tokenizer import VOCAB_FILE, Tokenizer, copy_vocab, train_vocab
 from trainformer.errors import TrainingError, UserError
 from trainformer.model.heads import build_masked_lm
-from trainformer.train.checkpoint import Checkpoints, restore_model
+from trainformer.train.attention import AttentionSnapshot, sentence_from_windows
+from trainformer.train.checkpoint import Checkpoints, restore_model, weights_digest
 from trainformer.train.loop import Evaluator, Trainer
 from trainformer.train.monitor import Monitor, format_duration
 from trainformer.train.optim import make_optimizer
 from trainformer.train.prometheus import PrometheusExporter
 from trainformer.train.run_dir import RunDir, environment, now
-from trainformer.train.strategy import barrier, configure_devices, describe_devices, is_chief, make_strategy
+from trainformer.train.strategy import (
+    barrier, configure_devices, describe_devices, is_chief, is_multi_worker, make_strategy,
+)
 
 DTYPE_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 EVAL_SEED = 20260101  # fixed: every eval of every run scores the same valid targets
@@ -98,7 +102,8 @@ def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout, metrics_po
     with contextlib.ExitStack() as cleanup:
         # Non-chief workers write their checkpoints and logs to a scratch folder, deleted at exit.
         writes = RunDir(run_dir) if chief else RunDir(Path(cleanup.enter_context(tempfile.TemporaryDirectory())))
-        return _pretrain(config, RunDir(run_dir), writes, strategy, say, out if chief else None, metrics_port)
+        log = out if chief else cleanup.enter_context(open(os.devnull, "w"))
+        return _pretrain(config, RunDir(run_dir), writes, strategy, say, log, metrics_port)
 
 
 def _pretrain(config: ExperimentConfig, run: RunDir, writes: RunDir, strategy: tf.distribute.Strategy, say, out,
@@ -155,11 +160,14 @@ def _pretrain(config: ExperimentConfig, run: RunDir, writes: RunDir, strategy: t
         say(f"nothing left to train: step {start_step} >= train.steps {train_cfg.steps} "
             f"(raise it with --set train.steps=N to train longer)")
 
+    attention = AttentionSnapshot(model, data.tokenizer, *sentence_from_windows(data.valid_windows),
+                                  layer=train_cfg.attention_layer)
     started = time.perf_counter()
     try:
-        final = trainer.fit(batches_from, valid, data.baseline_id, monitor, checkpoints)
+        final = trainer.fit(batches_from, valid, data.baseline_id, monitor, checkpoints,
+                            on_eval=attention.log if chief else None)
     except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.CancelledError) as err:
-        if not strategy.extended.experimental_between_graph:
+        if not is_multi_worker(strategy):
             raise
         raise TrainingError(f"lost contact with another worker ({type(err).__name__}); every worker stops: "
                             f"restart them all to resume from the last checkpoint") from None
@@ -175,9 +183,11 @@ def _pretrain(config: ExperimentConfig, run: RunDir, writes: RunDir, strategy: t
             f"run the same command again to resume")
         return {"step": step, "stopped_by": trainer.stopped_by}
     final = {**final, "step": step}
-    manifest.update({"ended_at": now(), "final_eval": final})
+    digest = weights_digest(model)
+    manifest.update({"ended_at": now(), "final_eval": final, "weights_sha256": digest})
     writes.write_manifest(manifest)
     print_result(say, final, run, time.perf_counter() - started)
+    (say if chief else print)(f"weights sha256 {digest}")  # every worker says it: compare them
     return final
 
 

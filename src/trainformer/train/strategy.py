@@ -58,20 +58,25 @@ def make_strategy(name: str = "one_device") -> tf.distribute.Strategy:
     """The strategy for train.strategy. Call it before any other TensorFlow work: the
     multi-worker strategy must configure the collective runtime first."""
     name = resolve_strategy(name)
-    gpus = tf.config.list_logical_devices("GPU")
+    if name == "multi_worker":
+        return _multi_worker_strategy()
+    if name == "tpu":
+        return _tpu_strategy()
+    gpus = tf.config.list_logical_devices("GPU")  # (initialises the devices)
     if name == "one_device":
         return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")
-    if name == "mirrored":  # every GPU, else every logical CPU (runtime.cpu_devices)
-        return tf.distribute.MirroredStrategy([d.name for d in gpus or tf.config.list_logical_devices("CPU")])
-    if name == "multi_worker":
-        if cluster_workers() < 1:
-            raise UserError("train.strategy: multi_worker needs TF_CONFIG naming the cluster and this task "
-                            "(trainformer launch sets it for local workers; see README, 'Many machines')")
-        implementation = (tf.distribute.experimental.CommunicationImplementation.NCCL if gpus
-                          else tf.distribute.experimental.CommunicationImplementation.RING)
-        options = tf.distribute.experimental.CommunicationOptions(implementation=implementation)
-        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-    return _tpu_strategy()
+    # mirrored: every GPU, else every logical CPU (runtime.cpu_devices)
+    return tf.distribute.MirroredStrategy([d.name for d in gpus or tf.config.list_logical_devices("CPU")])
+
+
+def _multi_worker_strategy() -> tf.distribute.Strategy:
+    if cluster_workers() < 1:
+        raise UserError("train.strategy: multi_worker needs TF_CONFIG naming the cluster and this task "
+                        "(trainformer launch sets it for local workers; see README, 'Many devices, many machines')")
+    kinds = tf.distribute.experimental.CommunicationImplementation
+    implementation = kinds.NCCL if tf.config.list_physical_devices("GPU") else kinds.RING
+    options = tf.distribute.experimental.CommunicationOptions(implementation=implementation)
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
 
 
 def _tpu_strategy() -> tf.distribute.Strategy:
@@ -89,10 +94,26 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     return strategy.extended.should_checkpoint
 
 
+def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
+    """One process per worker, each running this code (between-graph replication)."""
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+
+
+def count_votes(strategy: tf.distribute.Strategy, vote: bool) -> int:
+    """How many replicas of all workers voted yes (a collective: every worker must call it)."""
+    votes = _count_votes(strategy, tf.constant(1.0 if vote else 0.0))
+    return round(float(votes))
+
+
+@tf.function  # run eagerly, the multi-worker strategy warns of its overhead
+def _count_votes(strategy: tf.distribute.Strategy, vote: tf.Tensor) -> tf.Tensor:
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(tf.identity, args=(vote,)), axis=None)
+
+
 def barrier(strategy: tf.distribute.Strategy) -> None:
-    """Wait until every worker reaches this point (a collective; nothing without workers)."""
-    if strategy.extended.experimental_between_graph:  # one process per worker
-        strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)), axis=None)
+    """Wait until every worker reaches this point (nothing to wait for without workers)."""
+    if is_multi_worker(strategy):
+        count_votes(strategy, True)
 
 
 def describe_devices(strategy: tf.distribute.Strategy | None = None) -> list[str]:
@@ -102,7 +123,7 @@ def describe_devices(strategy: tf.distribute.Strategy | None = None) -> list[str
              for i, gpu in enumerate(gpus)] or [f"CPU ({os.cpu_count()} cores)"]
     if strategy is not None:
         devices = ", ".join(d.split("/")[-1].lower().replace("device:", "") for d in strategy.extended.worker_devices)
-        workers = cluster_workers() if strategy.extended.experimental_between_graph else 1
+        workers = cluster_workers() if is_multi_worker(strategy) else 1
         lines.append(f"{type(strategy).__name__}: {strategy.num_replicas_in_sync} replica(s)"
                      + (f" on {workers} workers" if workers > 1 else "") + f" ({devices} here)")
     return lines

@@ -1,0 +1,121 @@
+"""`trainformer launch --workers N -- train [CONFIG] [--set ...]`: N local worker processes,
+one MultiWorkerMirroredStrategy run, talking over 127.0.0.1.
+
+On a real cluster the scheduler sets TF_CONFIG and each node runs `trainformer train` itself
+(README, "Many machines"); this does the same on one machine. Worker 0 is the chief, the
+only one that writes the run directory. When a worker fails, the others are stopped (a
+worker blocked in an all-reduce with a dead peer would otherwise wait for minutes), and no
+worker outlives the launcher.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from trainformer.errors import UserError
+
+GRACE_S = 10.0  # a stopped worker's time to exit after SIGTERM before it is killed
+POLL_S = 0.2
+PR_SET_PDEATHSIG = 1
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports the OS considers free on 127.0.0.1 (held open together, so they differ)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def tf_config(ports: list[int], index: int) -> str:
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    return json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGKILL when the launcher dies, even by kill -9 (Linux)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _relay(stream, prefix: str, out) -> None:
+    for line in stream:
+        out.write(prefix + line)
+        out.flush()
+
+
+def launch(workers: int, command: list[str], out=sys.stdout) -> int:
+    """Run `trainformer <command>` in `workers` processes; returns the exit status: 0 when all
+    finished, else the first failing worker's."""
+    if workers < 1:
+        raise UserError(f"launch --workers: must be >= 1, got {workers}")
+    if not command or command[0] != "train":
+        raise UserError("launch: expected the train command after '--', e.g. trainformer launch --workers 2 -- train")
+    command = [*command, "--set", "train.strategy=multi_worker"]
+    ports = free_ports(workers)
+    processes = []
+    for index in range(workers):
+        env = {**os.environ, "TF_CONFIG": tf_config(ports, index)}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "trainformer", *command], env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+        )
+        # The chief's progress lines come through as they are; the others' are marked.
+        prefix = "" if index == 0 else f"[worker {index}] "
+        threading.Thread(target=_relay, args=(process.stdout, prefix, out), daemon=True).start()
+        processes.append(process)
+    print(f"launch: {workers} workers on 127.0.0.1 ports {', '.join(map(str, ports))} "
+          f"(pids {', '.join(str(p.pid) for p in processes)})", file=out, flush=True)
+    return _supervise(processes, out)
+
+
+def _supervise(processes: list[subprocess.Popen], out) -> int:
+    """Wait for every worker; when one fails, stop the rest. Ctrl-C and SIGTERM reach the
+    workers (each finishes its step, all save the same step and exit), not the launcher."""
+    previous = {sig: signal.signal(sig, lambda signum, frame: _forward(processes, signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while True:
+            codes = [process.poll() for process in processes]
+            failed = [(index, code) for index, code in enumerate(codes) if code not in (None, 0)]
+            if failed:
+                index, code = failed[0]
+                how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+                print(f"launch: worker {index} {how}; stopping the others", file=out, flush=True)
+                _stop(processes)
+                return code if code > 0 else 128 - code  # killed by signal N: 128 + N, as a shell says
+            if all(code == 0 for code in codes):
+                return 0
+            time.sleep(POLL_S)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _forward(processes: list[subprocess.Popen], signum: int) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signum)
+
+
+def _stop(processes: list[subprocess.Popen]) -> None:
+    _forward(processes, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_S
+    for process in processes:
+        try:
+            process.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
