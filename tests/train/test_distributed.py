@@ -132,3 +132,12 @@ def test_a_strategy_without_its_hardware_is_a_one_line_error(tmp_path, strategy,
                          check=False)
     assert result.returncode == 2 and message in result.stderr
     assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_fp16_loss_scaling_under_mirrored(tmp_path, vocab_args):
+    run_dir = tmp_path / "run"
+    trainformer("train", "--run-dir", str(run_dir), *RUN, *vocab_args, "--set", "train.steps=6",
+                "--set", "train.precision=fp16", "--set", "train.strategy=mirrored", "--set", "runtime.cpu_devices=2")
+    logged = [m for m in read_metrics(run_dir) if m.get("split") == "train"]
+    assert len(logged) == 6 and all(np.isfinite(m["loss"]) for m in logged)
+    assert logged[-1]["loss_scale"] >= 1 and logged[-1]["skipped_steps"] >= 0

@@ -306,6 +306,6 @@ class Trainer:
             "learning_rate": float(self.optimizer.learning_rate),  # the next step's
         }
         if self.loss_scale:
-            metrics["loss_scale"] = float(self.loss_scale.scale)
-            metrics["skipped_steps"] = int(self.loss_scale.skipped_steps)
+            metrics["loss_scale"] = float(self.loss_scale.scale.numpy())  # .numpy(): mirrored variables too
+            metrics["skipped_steps"] = int(self.loss_scale.skipped_steps.numpy())
         return metrics
