@@ -146,7 +146,7 @@ def _pretrain(config: ExperimentConfig, run: RunDir, writes: RunDir, strategy: t
 
     valid = eval_batches(data.valid_windows, train_cfg.batch_size, EVAL_SEED, config.data.mask_rate,
                          data.tokenizer.vocab_size)
-    manifest = start_manifest(writes, config, data, model.count_params(), strategy, restored, start_step)
+    manifest = start_manifest(writes, config, data, model.count_params(), strategy, bool(restored), start_step)
     tokens_per_step = train_cfg.accumulate * train_cfg.batch_size * config.data.seq_len
     exporter = PrometheusExporter(metrics_port) if metrics_port and chief else None
     if exporter:
