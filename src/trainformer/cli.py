@@ -32,6 +32,18 @@ def parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--checkpoint", choices=("latest", "best"), default="latest")
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
 
+    bench = verbs.add_parser("bench", help="time a config's training step: tokens/s, MFU, data-wait")
+    bench.add_argument("config", nargs="?", help="YAML file or built-in name, as for train")
+    bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config key, as for train (repeatable)")
+    bench.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
+    bench.add_argument("--warmup", type=int, default=3, help="untimed steps first, incl. compilation (default 3)")
+    bench.add_argument("--synthetic", action="store_true",
+                       help="random fixed-length ids from memory instead of the config's corpus")
+    bench.add_argument("--cache-dir", type=Path,
+                       help="vocabulary and token cache for real text (default: runs/bench-<config name>)")
+    bench.add_argument("--json", action="store_true", help="print one JSON object")
+
     launch = verbs.add_parser("launch", help="train with N local worker processes (MultiWorkerMirroredStrategy)",
                               usage="trainformer launch --workers N -- train [CONFIG] [--set KEY=VALUE ...]")
     launch.add_argument("--workers", type=int, required=True, metavar="N")
@@ -87,6 +99,15 @@ def run(args: argparse.Namespace) -> int:
         from trainformer.train.pretrain import pretrain
 
         pretrain(config, args.run_dir or Path("runs") / config.name, metrics_port=args.metrics_port)
+        return 0
+
+    if args.verb == "bench":
+        config = load_config(args.config, args.overrides)
+        from trainformer.ops.bench import bench, format_result
+
+        say = (lambda text: print(text, file=sys.stderr)) if args.json else print  # stdout: the JSON only
+        result = bench(config, args.steps, args.warmup, args.synthetic, args.cache_dir, say)
+        print(json.dumps(result) if args.json else format_result(result))
         return 0
 
     from trainformer.train.pretrain import evaluate

@@ -1,0 +1,240 @@
+"""`trainformer bench`: time the real training step of a config and say how close it runs to
+the device's matmul peak.
+
+The step timed is `Trainer.train_step`, the one `train` runs, on the model, optimizer and
+precision the config builds. Two input modes:
+  * real text (default): the config's corpus through the training pipeline (vocabulary and
+    token cache under a bench directory, never in a training run), so data-wait and padding
+    are those of training;
+  * synthetic: random fixed-length ids masked once and replayed from memory, so models can be
+    compared shape for shape with nothing else in the way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import statistics
+import time
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+
+from trainformer.config import ExperimentConfig
+from trainformer.data.pipeline import NUM_SPECIAL, distribute, mask_batch, split_targets, train_dataset
+from trainformer.errors import UserError
+from trainformer.ops.flops import train_flops_per_step
+from trainformer.ops.peak import matmul_gflops
+from trainformer.train.loop import Trainer
+from trainformer.train.optim import make_optimizer
+from trainformer.train.pretrain import build_model, prepare_data
+from trainformer.train.run_dir import RunDir
+from trainformer.train.strategy import configure_devices, describe_devices, make_strategy
+
+SYNTHETIC_BATCHES = 8  # distinct batches replayed: enough that no step sees the same masks twice in a row
+
+
+def bench(config: ExperimentConfig, steps: int = 20, warmup: int = 3, synthetic: bool = False,
+          cache_dir: Path | None = None, say=print) -> dict:
+    """Time `steps` training steps of config after `warmup` untimed ones; return the metrics."""
+    if steps < 1 or warmup < 1:
+        raise UserError(f"--steps and --warmup must be >= 1, got {steps} and {warmup}")
+    configure_devices(config.runtime)  # first: GPU memory growth is refused once devices are up
+    train_cfg = config.train
+    keras.utils.set_random_seed(train_cfg.seed)
+    if synthetic:
+        vocab_size = config.tokenizer.vocab_size
+        dataset = synthetic_dataset(vocab_size, config)
+    else:
+        dataset, vocab_size = real_text_dataset(config, cache_dir or Path("runs") / f"bench-{config.name}", say)
+
+    trainer, batches = make_trainer(config, vocab_size, dataset)
+    batches = NonPadCounter(batches)
+    model = trainer.model
+    say(f"bench: {config.name}, {model.count_params():,} parameters, {train_cfg.precision}, "
+        f"{'synthetic ids' if synthetic else 'real text'}; {warmup} warm-up + {steps} timed steps")
+    timing = time_steps(trainer, batches, warmup, steps)
+
+    peaks = {"fp32": matmul_gflops("fp32")}
+    if train_cfg.precision != "fp32":
+        peaks[train_cfg.precision] = matmul_gflops(train_cfg.precision)
+    return summarize(config, vocab_size, model.count_params(), timing, peaks, synthetic)
+
+
+def make_trainer(config: ExperimentConfig, vocab_size: int, dataset: tf.data.Dataset) -> tuple[Trainer, object]:
+    """The model, optimizer and Trainer `train` would build for config (on one device), and an
+    iterator over dataset distributed the way `train` distributes it."""
+    t = config.train
+    strategy = make_strategy()
+    with strategy.scope():
+        model = build_model(config, vocab_size)
+        optimizer = make_optimizer(t.learning_rate, t.warmup_steps, t.steps, t.weight_decay)
+    return Trainer(model, optimizer, strategy, t), iter(distribute(strategy, dataset))
+
+
+def synthetic_dataset(vocab_size: int, config: ExperimentConfig) -> tf.data.Dataset:
+    """Random ids of full length (no padding), masked as in training, computed once and
+    replayed from memory: the input costs nothing, only the model is timed."""
+    batch, seq_len = config.train.batch_size, config.data.seq_len
+    seed = config.train.seed
+
+    def masked(number):
+        ids = tf.random.stateless_uniform([batch, seq_len], tf.stack([tf.constant(seed, tf.int64), number]),
+                                          minval=NUM_SPECIAL, maxval=vocab_size, dtype=tf.int32)
+        return split_targets(mask_batch(ids, tf.stack([tf.constant(seed + 1, tf.int64), number]),
+                                        config.data.mask_rate, vocab_size))
+
+    return tf.data.Dataset.range(SYNTHETIC_BATCHES).map(masked).cache().repeat().prefetch(2)
+
+
+def real_text_dataset(config: ExperimentConfig, cache_dir: Path, say) -> tuple[tf.data.Dataset, int]:
+    """The training pipeline on the config's corpus. Vocabulary and token cache live under
+    cache_dir in a folder keyed by the settings that determine them, so changing a --set
+    never reuses a stale vocabulary and a bench never writes into a training run."""
+    data = prepare_data(config, bench_run_dir(config, cache_dir), say)
+    t = config.train
+    if len(data.train_windows) < t.batch_size:
+        raise UserError(f"train.batch_size: {t.batch_size} is more than the {len(data.train_windows)} training "
+                        f"windows of {data.corpus.source}")
+    return train_dataset(data.train_windows, t.batch_size, t.seed, config.data.mask_rate,
+                         data.tokenizer.vocab_size), data.tokenizer.vocab_size
+
+
+def bench_run_dir(config: ExperimentConfig, cache_dir: Path) -> RunDir:
+    """The folder under cache_dir that holds the vocabulary and token cache for config's corpus
+    and tokenizer settings (created if missing)."""
+    if (cache_dir / "config.yaml").is_file():
+        raise UserError(f"{cache_dir}: holds a training run; give bench its own --cache-dir")
+    key = json.dumps({"corpus": config.data.corpus, "valid": config.data.valid_fraction,
+                      "tokenizer": vars(config.tokenizer)}, sort_keys=True)
+    run = RunDir(cache_dir / hashlib.sha256(key.encode()).hexdigest()[:12])
+    run.root.mkdir(parents=True, exist_ok=True)
+    return run
+
+
+class NonPadCounter:
+    """Passes batches through and keeps their padding masks, for effective tokens/s.
+
+    Counting happens in `take()`, after the timed steps: an op here would run inside the
+    timed fetch and be reported as data-wait.
+    """
+
+    def __init__(self, iterator):
+        self.iterator = iterator
+        self.masks: list[tf.Tensor] = []  # (batch, seq) bool each
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        inputs, targets = next(self.iterator)
+        self.masks.append(inputs["padding_mask"])
+        return inputs, targets
+
+    def take(self) -> int:
+        """Real tokens in the batches fetched since the last take()."""
+        total = sum(int(tf.math.count_nonzero(mask)) for mask in self.masks)
+        self.masks = []
+        return total
+
+
+def time_steps(trainer: Trainer, batches: NonPadCounter, warmup: int, steps: int) -> dict:
+    """Wall time of each step, waited for (the loss comes back to the host, as in training's
+    per-step finiteness check), and the part of it spent waiting for input."""
+
+    def one_step() -> tuple[float, float]:
+        started = time.perf_counter()
+        results = trainer.train_step(batches)
+        results["loss_sum"].numpy()
+        return time.perf_counter() - started, results["data_wait_s"]
+
+    first_step_s, _ = one_step()  # tracing and graph optimisation happen here
+    for _ in range(warmup - 1):
+        one_step()
+    batches.take()
+    cpu0, busy0, wall0 = os.times(), machine_busy_s(), time.perf_counter()
+    step_s, wait_s = zip(*(one_step() for _ in range(steps)))
+    wall, cpu1 = time.perf_counter() - wall0, os.times()
+    own = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+    return {
+        "step_s": sorted(step_s), "wait_s": sum(wait_s), "first_step_s": first_step_s,
+        "nonpad_tokens": batches.take(), "own_cores": own / wall,
+        "other_cores": max(0.0, machine_busy_s() - busy0 - own) / wall,
+    }
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine spent busy so far (/proc/stat), to flag runs disturbed by
+    other processes; 0 where /proc is missing."""
+    try:
+        with open("/proc/stat") as f:
+            jiffies = [int(x) for x in f.readline().split()[1:9]]
+    except OSError:
+        return 0.0
+    return (sum(jiffies) - jiffies[3] - jiffies[4]) / os.sysconf("SC_CLK_TCK")  # minus idle and iowait
+
+
+def summarize(config: ExperimentConfig, vocab_size: int, num_params: int, timing: dict, peaks: dict,
+              synthetic: bool) -> dict:
+    step_s = timing["step_s"]
+    median = statistics.median(step_s)
+    batch, seq_len = config.train.batch_size * config.train.accumulate, config.data.seq_len
+    steps = len(step_s)
+    flops = train_flops_per_step(config.model, vocab_size, batch, seq_len, config.data.mask_rate)
+    peak = peaks.get(config.train.precision) or peaks["fp32"]
+    return {
+        "config": config.name,
+        "mode": "synthetic" if synthetic else "real-text",
+        "precision": config.train.precision,
+        "num_params": num_params,
+        "vocab_size": vocab_size,
+        "batch_size": batch,
+        "seq_len": seq_len,
+        "steps": steps,
+        "step_ms": round(1e3 * median, 2),
+        "step_ms_p10": round(1e3 * step_s[int(0.1 * (steps - 1))], 2),
+        "step_ms_p90": round(1e3 * step_s[round(0.9 * (steps - 1))], 2),
+        "tokens_per_s": round(batch * seq_len / median, 1),
+        # non-pad share of the timed steps' tokens, at the median step time
+        "effective_tokens_per_s": round(timing["nonpad_tokens"] / steps / median, 1),
+        "model_gflop_per_step": round(flops / 1e9, 3),
+        "achieved_gflops": round(flops / median / 1e9, 2),
+        "peak_gflops": {k: (round(v, 1) if v else None) for k, v in peaks.items()},
+        "mfu": round(flops / median / 1e9 / peak, 4),
+        "data_wait_pct": round(100 * timing["wait_s"] / sum(step_s), 3),
+        "compile_s": round(timing["first_step_s"] - median, 2),  # first step beyond a normal one
+        "peak_memory_mb": round(peak_memory_mb(), 1),
+        "devices": describe_devices(),
+        "own_cores": round(timing["own_cores"], 2),
+        "other_cores": round(timing["other_cores"], 2),  # > 0.25: others shared the CPU; compare with care
+        "loadavg": round(os.getloadavg()[0], 2),
+    }
+
+
+def peak_memory_mb() -> float:
+    """Peak device memory on GPU, else the process's peak resident set (Linux: KiB)."""
+    if tf.config.list_physical_devices("GPU"):
+        return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def format_result(r: dict) -> str:
+    """The human-readable report."""
+    peaks = ", ".join(f"{k} {v if v else 'n/a'}" for k, v in r["peak_gflops"].items())
+    noisy = "  (NOISY: other processes used the CPU)" if r["other_cores"] > 0.25 else ""
+    return "\n".join([
+        f"step          {r['step_ms']:.1f} ms median (p10 {r['step_ms_p10']:.1f}, p90 {r['step_ms_p90']:.1f}) "
+        f"over {r['steps']} steps of {r['batch_size']} x {r['seq_len']}",
+        f"tokens/s      {r['tokens_per_s']:,.0f} padded, {r['effective_tokens_per_s']:,.0f} effective (non-pad)",
+        f"MFU           {r['mfu']:.1%} ({r['achieved_gflops']:.1f} GFLOP/s of {r['model_gflop_per_step']:.2f} "
+        f"GFLOP/step; matmul peak GFLOP/s: {peaks})",
+        f"data-wait     {r['data_wait_pct']:.2f}% of step time",
+        f"compile       {r['compile_s']:.1f} s (first step beyond a normal one)",
+        f"peak memory   {r['peak_memory_mb']:,.0f} MB",
+        f"model         {r['num_params']:,} parameters, {r['precision']}, vocab {r['vocab_size']:,}, {r['mode']}",
+        f"machine       {', '.join(r['devices'])}; cores own/other {r['own_cores']}/{r['other_cores']}, "
+        f"load {r['loadavg']}{noisy}",
+    ])

@@ -1,0 +1,107 @@
+"""`trainformer bench` end to end on a tiny shape, and the rule that speed never changes the math
+silently: each optimisation of the step is checked against the plain path it replaced.
+
+No timing is asserted here (this machine is shared and noisy): speed lives in benchmarks/.
+"""
+
+import json
+
+import keras
+import pytest
+from cli_helpers import TINY, trainformer
+from keras import ops
+
+from trainformer.config import load_config
+from trainformer.data.pipeline import pack, tokenize_documents, train_dataset
+from trainformer.ops.flops import train_flops_per_step
+from trainformer.model.layers import TransformerEncoderBlock
+from trainformer.train.loop import Trainer
+from trainformer.train.optim import make_optimizer
+from trainformer.train.pretrain import build_model
+from trainformer.train.strategy import make_strategy
+
+KEYS = {"step_ms", "tokens_per_s", "effective_tokens_per_s", "mfu", "data_wait_pct", "num_params", "precision",
+        "compile_s", "peak_memory_mb", "peak_gflops"}
+
+
+def bench_json(*args):
+    result = trainformer("bench", *TINY, "--steps", "3", "--warmup", "1", "--json", *args)
+    return json.loads(result.stdout)  # stdout holds the JSON object only
+
+
+def test_synthetic_bench_reports_consistent_numbers():
+    r = bench_json("--synthetic")
+    assert KEYS <= r.keys()
+    assert r["precision"] == "fp32" and r["num_params"] > 0 and r["mode"] == "synthetic"
+    assert (r["batch_size"], r["seq_len"]) == (16, 32)
+    assert r["tokens_per_s"] == pytest.approx(16 * 32 / (r["step_ms"] / 1e3), rel=1e-3)
+    assert r["effective_tokens_per_s"] == pytest.approx(r["tokens_per_s"], rel=1e-3)  # random ids: no padding
+    assert 0 < r["mfu"] < 1 and r["peak_gflops"]["fp32"] > 0
+    assert 0 <= r["data_wait_pct"] < 100
+
+
+def test_real_text_bench_counts_only_real_tokens_and_keeps_its_own_cache(tmp_path):
+    cache = tmp_path / "bench-cache"
+    r = bench_json("--cache-dir", str(cache))
+    assert r["mode"] == "real-text"
+    assert 0 < r["effective_tokens_per_s"] <= r["tokens_per_s"] * (1 + 1e-6)
+    assert r["vocab_size"] < 8000  # the vocabulary trained on People's Daily, not the config's size
+    assert list(cache.glob("*/tokenizer/vocab.txt")) and not (cache / "config.yaml").exists()
+
+
+def test_bench_bad_input_is_one_line_exit_2(tmp_path):
+    (tmp_path / "config.yaml").write_text("name: a training run\n")
+    for args, message in ((["--synthetic", "--steps", "0"], "--steps"),
+                          (["--cache-dir", str(tmp_path)], "holds a training run")):
+        result = trainformer("bench", *TINY, *args, check=False)
+        assert result.returncode == 2, result.stderr
+        lines = [line for line in result.stderr.splitlines() if line.startswith("trainformer: error:")]
+        assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.stderr
+
+
+def test_flop_model_matches_the_peer_harness():
+    """The FLOPs per step benchmarks/common.py reports for KerasHub at these shapes, so MFU
+    compares across frameworks."""
+    for name, gflop in (("bert-mini-bench", 103.93), ("bert-small-bench", 685.09)):
+        model = load_config(name).model
+        assert train_flops_per_step(model, 21128, 32, 128, 0.15) / 1e9 == pytest.approx(gflop, abs=0.01)
+
+
+# ------------------------------------------------------------ optimisations keep the math
+
+LOSS_TOLERANCE = 1e-5  # relative, per step: summation order may differ, the math may not
+
+
+def sliced_heads(self, x):
+    """The plain path replaced by ops.unstack in TransformerEncoderBlock._heads."""
+    batch, seq_len = ops.shape(x)[0], ops.shape(x)[1]
+    qkv = ops.reshape(self._qkv(x), (batch, seq_len, 3, self.num_heads, self.head_dim))
+    return tuple(qkv[:, :, i] for i in range(3))
+
+
+def fifty_step_losses(tokenizer, corpus) -> list[float]:
+    """Per-step mean masked loss of 50 steps of a tiny post-LN BERT with dropout on real text."""
+    config = load_config(None, ["model.d_model=32", "model.num_layers=2", "model.num_heads=2", "model.dff=64",
+                                "model.dropout=0.1", "model.norm=post", "data.seq_len=32",
+                                "train.batch_size=16", "train.learning_rate=3e-3", "train.warmup_steps=5"])
+    keras.utils.set_random_seed(7)
+    windows = pack(tokenize_documents(tokenizer, corpus.train[:1500]), config.data.seq_len)
+    strategy = make_strategy()
+    with strategy.scope():
+        model = build_model(config, tokenizer.vocab_size)
+        optimizer = make_optimizer(3e-3, 5, 50, 0.01)
+    trainer = Trainer(model, optimizer, strategy, config.train)
+    batches = iter(train_dataset(windows, 16, seed=7, mask_rate=0.15, vocab_size=tokenizer.vocab_size))
+    losses = []
+    for _ in range(50):
+        results = trainer.train_step(batches)
+        losses.append(float(results["loss_sum"]) / float(results["count"]))
+    return losses
+
+
+def test_unstacked_heads_train_like_sliced_heads(tokenizer, corpus, monkeypatch):
+    fast = fifty_step_losses(tokenizer, corpus)
+    monkeypatch.setattr(TransformerEncoderBlock, "_heads", sliced_heads)
+    plain = fifty_step_losses(tokenizer, corpus)
+    assert fast == pytest.approx(plain, rel=LOSS_TOLERANCE)
+    assert fast[-1] < fast[0]  # it trained
