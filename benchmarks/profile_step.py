@@ -1,0 +1,61 @@
+"""Where a training step's time goes: TF profiler op time per op type, for one config.
+
+    python profile_step.py bert-mini-bench [--set key=value ...]   # project venv; ~1 min at mini
+
+Runs `trainformer bench`'s synthetic setup (the real Trainer step), profiles 3 steps after 3
+warm-up steps and prints op time per op type and the top ops by name (summed over threads, so
+it exceeds wall time on 2 cores; shares are what to compare). Reads the profiler's XSpace
+protobuf directly (no TensorBoard plugin needed). The trace stays in $BENCH_TMP/profile for
+TensorBoard's profile plugin.
+"""
+import argparse
+import collections
+import glob
+import os
+import shutil
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+from trainformer.config import load_config
+from trainformer.ops.bench import make_trainer, synthetic_dataset
+
+p = argparse.ArgumentParser()
+p.add_argument("config")
+p.add_argument("--set", dest="overrides", action="append", default=[])
+p.add_argument("--steps", type=int, default=3)
+args = p.parse_args()
+logdir = os.path.join(os.environ.get("BENCH_TMP", "/tmp/trainformer-bench"), "profile")
+shutil.rmtree(logdir, ignore_errors=True)
+
+config = load_config(args.config, args.overrides)
+vocab = config.tokenizer.vocab_size
+trainer, batches = make_trainer(config, vocab, synthetic_dataset(vocab, config))
+for _ in range(3):
+    trainer.train_step(batches)["loss_sum"].numpy()
+tf.profiler.experimental.start(logdir)
+for _ in range(args.steps):
+    trainer.train_step(batches)["loss_sum"].numpy()
+tf.profiler.experimental.stop()
+
+space = xplane_pb2.XSpace()
+with open(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0], "rb") as f:
+    space.ParseFromString(f.read())
+by_type, by_name = collections.Counter(), collections.Counter()
+for plane in space.planes:
+    for line in plane.lines:
+        for event in line.events:
+            name = plane.event_metadata[event.metadata_id].name
+            if ":" in name and not name.startswith(("Iterator", "EagerLocalExecute", "KernelAndDevice", "ExecutorState")):
+                ms = event.duration_ps / 1e9 / args.steps  # op events are named "scope/op:OpType"
+                by_type[name.rsplit(":", 1)[1]] += ms
+                by_name[name] += ms
+total = sum(by_type.values())
+print(f"op time per step, all threads: {total:.0f} ms")
+for op, ms in by_type.most_common(25):
+    print(f"{ms:8.1f} ms {100 * ms / total:5.1f}%  {op}")
+print("top ops:")
+for op, ms in by_name.most_common(15):
+    print(f"{ms:8.1f} ms  {op[-140:]}")
