@@ -141,3 +141,13 @@ def test_fp16_loss_scaling_under_mirrored(tmp_path, vocab_args):
     logged = [m for m in read_metrics(run_dir) if m.get("split") == "train"]
     assert len(logged) == 6 and all(np.isfinite(m["loss"]) for m in logged)
     assert logged[-1]["loss_scale"] >= 1 and logged[-1]["skipped_steps"] >= 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--workers", "2"], "launch: expected the train command after '--'"),
+    (["--workers", "0", "--", "train"], "launch --workers: must be >= 1, got 0"),
+    (["--workers", "2", "--", "train", "--set", "train.stepz=3"], "unknown key 'train.stepz'"),
+])
+def test_bad_launch_is_a_one_line_error_before_any_worker_starts(args, message):
+    result = trainformer("launch", *args, check=False)
+    assert result.returncode == 2 and message in result.stderr and "launch: 2 workers" not in result.stdout
