@@ -151,3 +151,14 @@ def test_fp16_loss_scaling_under_mirrored(tmp_path, vocab_args):
 def test_bad_launch_is_a_one_line_error_before_any_worker_starts(args, message):
     result = trainformer("launch", *args, check=False)
     assert result.returncode == 2 and message in result.stderr and "launch: 2 workers" not in result.stdout
+
+
+def test_a_mirrored_run_resumes_on_one_device(tmp_path, vocab_args):
+    run_dir = tmp_path / "run"
+    trainformer("train", "--run-dir", str(run_dir), *RUN, *vocab_args, "--set", "train.steps=6",
+                "--set", "train.strategy=mirrored", "--set", "runtime.cpu_devices=2")
+    resumed = trainformer("train", "--run-dir", str(run_dir), *RUN, *vocab_args, "--set", "train.steps=8",
+                          "--set", "train.strategy=one_device")
+    assert "resuming from checkpoint" in resumed.stdout and "(step 6/8)" in resumed.stdout
+    assert "OneDeviceStrategy: 1 replica(s)" in resumed.stdout
+    assert [m["step"] for m in read_metrics(run_dir) if m.get("split") == "train"] == list(range(1, 9))
