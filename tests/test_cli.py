@@ -214,3 +214,10 @@ def test_metrics_port_in_use_is_a_one_line_error(tmp_path):
         result = trainformer("train", "--run-dir", str(tmp_path / "run"), *TINY, "--set", "train.steps=5",
                              "--metrics-port", str(port), check=False)
     assert result.returncode == 2 and f"--metrics-port {port}: cannot serve" in result.stderr
+
+
+def test_batch_larger_than_the_corpus_is_a_one_line_error(tmp_path):
+    result = trainformer("train", "--run-dir", str(tmp_path / "run"), *TINY, "--set", "train.batch_size=1000000",
+                         check=False)
+    assert result.returncode == 2
+    assert "train.batch_size: 1000000 is more than the" in result.stderr and "training windows" in result.stderr

@@ -29,8 +29,7 @@ from trainformer.errors import UserError
 from trainformer.ops.flops import train_flops_per_step
 from trainformer.ops.peak import matmul_gflops
 from trainformer.train.loop import Trainer
-from trainformer.train.optim import make_optimizer
-from trainformer.train.pretrain import build_model, prepare_data
+from trainformer.train.pretrain import build_trainer, prepare_data
 from trainformer.train.run_dir import RunDir
 from trainformer.train.strategy import configure_devices, describe_devices, make_strategy
 
@@ -67,12 +66,8 @@ def bench(config: ExperimentConfig, steps: int = 20, warmup: int = 3, synthetic:
 def make_trainer(config: ExperimentConfig, vocab_size: int, dataset: tf.data.Dataset) -> tuple[Trainer, object]:
     """The model, optimizer and Trainer `train` would build for config (on one device), and an
     iterator over dataset distributed the way `train` distributes it."""
-    t = config.train
     strategy = make_strategy()
-    with strategy.scope():
-        model = build_model(config, vocab_size)
-        optimizer = make_optimizer(t.learning_rate, t.warmup_steps, t.steps, t.weight_decay)
-    return Trainer(model, optimizer, strategy, t), iter(distribute(strategy, dataset))
+    return build_trainer(config, vocab_size, strategy), iter(distribute(strategy, dataset))
 
 
 def synthetic_dataset(vocab_size: int, config: ExperimentConfig) -> tf.data.Dataset:
@@ -96,9 +91,6 @@ def real_text_dataset(config: ExperimentConfig, cache_dir: Path, say) -> tuple[t
     never reuses a stale vocabulary and a bench never writes into a training run."""
     data = prepare_data(config, bench_run_dir(config, cache_dir), say)
     t = config.train
-    if len(data.train_windows) < t.batch_size:
-        raise UserError(f"train.batch_size: {t.batch_size} is more than the {len(data.train_windows)} training "
-                        f"windows of {data.corpus.source}")
     return train_dataset(data.train_windows, t.batch_size, t.seed, config.data.mask_rate,
                          data.tokenizer.vocab_size), data.tokenizer.vocab_size
 

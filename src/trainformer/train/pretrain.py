@@ -78,14 +78,27 @@ def prepare_data(config: ExperimentConfig, run: RunDir, say=print, train_vocabul
         streams[split], cached = cached_token_stream(run.cache_dir, tokenizer, documents, corpus.fingerprint, split)
         was_cached &= cached
     seq_len = config.data.seq_len
-    return Data(
-        corpus, tokenizer, pack(streams["train"], seq_len), pack(streams["valid"], seq_len),
-        most_frequent_token(streams["train"]), was_cached,
-    )
+    train_windows = pack(streams["train"], seq_len)
+    if len(train_windows) < config.train.batch_size:
+        raise UserError(
+            f"train.batch_size: {config.train.batch_size} is more than the {len(train_windows)} "
+            f"training windows of data.seq_len={seq_len} in {corpus.source}"
+        )
+    return Data(corpus, tokenizer, train_windows, pack(streams["valid"], seq_len),
+                most_frequent_token(streams["train"]), was_cached)
 
 
 def build_model(config: ExperimentConfig, vocab_size: int) -> keras.Model:
     return build_masked_lm(config.model, vocab_size, config.data.seq_len, dtype=DTYPE_POLICIES[config.train.precision])
+
+
+def build_trainer(config: ExperimentConfig, vocab_size: int, strategy: tf.distribute.Strategy) -> Trainer:
+    """The model, AdamW and Trainer of config, created under strategy (what train and bench run)."""
+    t = config.train
+    with strategy.scope():
+        model = build_model(config, vocab_size)
+        optimizer = make_optimizer(t.learning_rate, t.warmup_steps, t.steps, t.weight_decay)
+    return Trainer(model, optimizer, strategy, t)
 
 
 def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout, metrics_port: int | None = None) -> dict:
@@ -123,16 +136,9 @@ def _pretrain(config: ExperimentConfig, run: RunDir, writes: RunDir, strategy: t
     data = prepare_data(config, run, say) if chief else None
     barrier(strategy)  # the chief has written the vocabulary and token cache: the others read them
     data = data or prepare_data(config, run, say, train_vocabulary=False)
-    if len(data.train_windows) < train_cfg.batch_size:
-        raise UserError(
-            f"train.batch_size: {train_cfg.batch_size} is more than the {len(data.train_windows)} "
-            f"training windows of data.seq_len={config.data.seq_len} in {data.corpus.source}"
-        )
 
-    with strategy.scope():
-        model = build_model(config, data.tokenizer.vocab_size)
-        optimizer = make_optimizer(train_cfg.learning_rate, train_cfg.warmup_steps, train_cfg.steps, train_cfg.weight_decay)
-    trainer = Trainer(model, optimizer, strategy, train_cfg)
+    trainer = build_trainer(config, data.tokenizer.vocab_size, strategy)
+    model = trainer.model
     checkpoints = Checkpoints(writes.checkpoints_dir, train_cfg.keep_checkpoints, **trainer.checkpoint_objects())
     shared = checkpoints if chief else Checkpoints(run.checkpoints_dir, 1, **trainer.checkpoint_objects())
     restored = shared.restore_latest(warn=say)
