@@ -179,7 +179,7 @@ def test_invalid_choice_for_norm(tmp_path):
 
 @pytest.mark.parametrize("override, key", [
     ("train.steps=0", "train.steps"), ("model.dropout=1.0", "model.dropout"),
-    ("data.seq_len=4", "data.seq_len"), ("train.warmup_steps=5000", "train.warmup_steps"),
+    ("data.seq_len=4", "data.seq_len"), ("train.warmup_steps=-1", "train.warmup_steps"),
     ("tokenizer.vocab_size=50", "tokenizer.vocab_size"), ("train.precision=fp8", "train.precision"),
 ])
 def test_impossible_values_name_the_key(override, key):
@@ -229,3 +229,40 @@ def test_yaml_float_in_exponent_form_is_accepted(tmp_path):
 @pytest.mark.parametrize("item", ["train=3", "model.d_model.x=3"])
 def test_override_of_a_section_or_through_a_leaf_is_a_config_error(item):
     error_of(None, [item])
+
+
+def test_defaults_are_the_default_job(tmp_path):
+    """A YAML file that leaves keys out gets the README's defaults (the default job's)."""
+    config = load_config(str(write(tmp_path, "data:\n  corpus: news.txt\n")))
+    tiny = load_config("zh-bert-tiny")
+    assert dataclasses.replace(config, name=tiny.name, data=tiny.data) == tiny
+    assert config == ExperimentConfig(name="exp", data=dataclasses.replace(tiny.data, corpus="news.txt"))
+
+
+def test_base_starts_a_file_from_a_builtin(tmp_path):
+    config = load_config(str(write(tmp_path, "base: zh-bert-80m\ntrain:\n  steps: 10\n")))
+    big = load_config("zh-bert-80m")
+    assert config.name == "exp" and config.train.steps == 10
+    assert config.model == big.model and config.train.learning_rate == big.train.learning_rate
+
+
+def test_base_can_be_a_file_next_to_the_config(tmp_path):
+    write(tmp_path, "model:\n  d_model: 64\n", name="common.yaml")
+    config = load_config(str(write(tmp_path, "base: common.yaml\nmodel:\n  num_layers: 3\n")))
+    assert (config.model.d_model, config.model.num_layers) == (64, 3)
+
+
+def test_a_base_chain_that_loops_is_an_error(tmp_path):
+    write(tmp_path, "base: b.yaml\n", name="a.yaml")
+    write(tmp_path, "base: a.yaml\n", name="b.yaml")
+    assert "comes back" in error_of(str(tmp_path / "a.yaml"))
+
+
+def test_set_without_equals_names_the_missing_equals():
+    """`--set train.steps 50`: argparse hands over "train.steps" and "50" as the CONFIG."""
+    message = error_of("50", ["train.steps"])
+    assert "--set train.steps" in message and "'='" in message
+
+
+def test_warmup_longer_than_the_run_is_accepted():
+    assert load_config(None, ["train.steps=100"]).train.warmup_steps == 200  # capped when the run starts

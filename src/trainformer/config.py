@@ -25,21 +25,26 @@ class ConfigError(UserError):
     """A config file or override names an unknown key or holds an impossible value."""
 
 
+# The defaults of every key are the default job's (built-in zh-bert-tiny, README's table): a
+# YAML file that leaves a key out gets what the README says. `base: NAME` starts a file from
+# another built-in (or YAML file) instead.
+
+
 @dataclass
 class ModelConfig:
-    d_model: int = 256
-    num_layers: int = 4
-    num_heads: int = 4
-    dff: int = 1024
-    dropout: float = 0.1
-    norm: str = "post"  # post: LayerNorm after each residual (BERT, the seeds); pre: before
+    d_model: int = 128
+    num_layers: int = 2
+    num_heads: int = 2
+    dff: int = 512
+    dropout: float = 0.0
+    norm: str = "pre"  # post: LayerNorm after each residual (BERT, the seeds); pre: before
     position: str = "sinusoidal"  # sinusoidal | learned
 
 
 @dataclass
 class DataConfig:
     corpus: str = "people-daily-1998"  # a recipe name (trainformer data list) or a .txt/.jsonl path
-    seq_len: int = 128
+    seq_len: int = 64
     valid_fraction: float = 0.05
     mask_rate: float = 0.15
 
@@ -54,11 +59,11 @@ class TokenizerConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = 1000  # optimizer updates
+    steps: int = 4000  # optimizer updates
     batch_size: int = 32  # windows per micro-batch
     accumulate: int = 1  # micro-batches per update: one update sees accumulate x batch_size windows
     learning_rate: float = 1e-3
-    warmup_steps: int = 100
+    warmup_steps: int = 200  # capped at `steps` for a shorter run
     weight_decay: float = 0.01
     clip_norm: float = 1.0
     precision: str = "fp32"  # fp32 | bf16 | fp16 (mixed: fp32 variables, logits, softmax; fp16 with loss scaling)
@@ -67,10 +72,10 @@ class TrainConfig:
     deterministic: bool = False  # op determinism: same config + same vocabulary -> bitwise-equal weights
     strategy: str = "auto"  # auto (mirrored if >1 GPU, multi_worker if TF_CONFIG names workers) | one_device | mirrored | multi_worker | tpu
     on_nan: str = "stop"  # non-finite gradients outside fp16: stop | rollback (last checkpoint, skip the batches since)
-    log_every: int = 50
-    eval_every: int = 250
+    log_every: int = 100
+    eval_every: int = 500
     attention_layer: int = -1  # which layer's heads TensorBoard draws at each eval; negative counts from the end
-    checkpoint_every: int = 250
+    checkpoint_every: int = 500
     keep_checkpoints: int = 3
 
 
@@ -114,19 +119,31 @@ def builtin_names() -> list[str]:
 def load_config(source: str | None = None, overrides: list[str] = ()) -> ExperimentConfig:
     """Resolve a config from a YAML path or a built-in name (None: the default), then apply
     `key=value` overrides. Raises ConfigError naming the file, key and problem."""
-    source = source or DEFAULT_CONFIG
+    for item in overrides:  # first: `--set train.steps 50` leaves "50" where CONFIG goes
+        _split_override(item)
+    config, origin = _load_source(source or DEFAULT_CONFIG, seen=())
+    for item in overrides:
+        apply_override(config, item)
+    validate(config, origin + (" with --set" if overrides else ""))
+    return config
+
+
+def _load_source(source: str, seen: tuple[str, ...]) -> tuple[ExperimentConfig, str]:
+    """The config of a YAML file or built-in, its `base:` applied first (unvalidated)."""
     path = Path(source)
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.is_file():
             raise ConfigError(f"{source}: config file not found")
-        text, origin, name = path.read_text(encoding="utf-8"), str(path), path.stem
+        text, origin, name, identity = path.read_text(encoding="utf-8"), str(path), path.stem, str(path.resolve())
     elif source in builtin_names():
         resource = importlib.resources.files("trainformer") / "configs" / f"{source}.yaml"
-        text, origin, name = resource.read_text(encoding="utf-8"), f"built-in {source}", source
+        text, origin, name, identity = resource.read_text(encoding="utf-8"), f"built-in {source}", source, source
     else:
         raise ConfigError(
             f"{source}: no such config file or built-in config (built-ins: {', '.join(builtin_names())})"
         )
+    if identity in seen:
+        raise ConfigError(f"{origin}: base: the chain of bases comes back to this config")
     try:
         raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as err:
@@ -136,19 +153,36 @@ def load_config(source: str | None = None, overrides: list[str] = ()) -> Experim
     if not isinstance(raw, dict):
         raise ConfigError(f"{origin}: the top level must be a mapping of sections (model:, data:, ...)")
     raw.setdefault("name", name)
-    config = _build(ExperimentConfig, raw, origin, prefix="")
-    for item in overrides:
-        apply_override(config, item)
-    validate(config, origin + (" with --set" if overrides else ""))
-    return config
+    base = raw.pop("base", None)
+    if base is not None:
+        if not isinstance(base, str):
+            raise ConfigError(f"{origin}: base: expected a built-in name or a YAML path, got {base!r}")
+        if path.is_file() and (path.parent / base).is_file():
+            base = str(path.parent / base)  # a base file next to this one
+        raw = _merge(_load_source(base, seen + (identity,))[0].to_dict(), raw)
+    return _build(ExperimentConfig, raw, origin, prefix=""), origin
+
+
+def _merge(base: dict, top: dict) -> dict:
+    """base with top's keys on top, section by section."""
+    merged = dict(base)
+    for key, value in top.items():
+        both = isinstance(value, dict) and isinstance(base.get(key), dict)
+        merged[key] = _merge(base[key], value) if both else value
+    return merged
+
+
+def _split_override(item: str) -> tuple[str, str]:
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {item}: expected key=value with '=', e.g. --set train.steps=200")
+    return key.strip(), text.strip()
 
 
 def apply_override(config: ExperimentConfig, item: str) -> None:
     """Apply one `a.b=value` override, parsing the value by the key's declared type."""
-    key, sep, text = item.partition("=")
-    if not sep or not key:
-        raise ConfigError(f"--set {item}: expected key=value, e.g. train.steps=200")
-    *sections, leaf = key.strip().split(".")
+    key, text = _split_override(item)
+    *sections, leaf = key.split(".")
     target = config
     for depth, section in enumerate(sections):
         if not dataclasses.is_dataclass(target):
@@ -160,7 +194,7 @@ def apply_override(config: ExperimentConfig, item: str) -> None:
     kind = _field_types(type(target))[leaf]
     if dataclasses.is_dataclass(kind):
         raise ConfigError(f"--set {key}: {key} is a section; set one of its keys, e.g. {key}.{dataclasses.fields(kind)[0].name}")
-    setattr(target, leaf, _parse(text.strip(), kind, f"--set {key}"))
+    setattr(target, leaf, _parse(text, kind, f"--set {key}"))
 
 
 def validate(config: ExperimentConfig, origin: str) -> None:
@@ -197,8 +231,8 @@ def validate(config: ExperimentConfig, origin: str) -> None:
             raise ConfigError(f"{origin}: {key}: must be in ({low}, {high}), got {value}")
     if d.seq_len < 8:
         raise ConfigError(f"{origin}: data.seq_len: must be >= 8, got {d.seq_len}")
-    if not 0 <= t.warmup_steps <= t.steps:
-        raise ConfigError(f"{origin}: train.warmup_steps: must be within [0, train.steps={t.steps}]")
+    if t.warmup_steps < 0:  # more than train.steps is capped at train.steps (a short trial run)
+        raise ConfigError(f"{origin}: train.warmup_steps: must be >= 0, got {t.warmup_steps}")
     if not -m.num_layers <= t.attention_layer < m.num_layers:
         raise ConfigError(f"{origin}: train.attention_layer: must be within [-{m.num_layers}, {m.num_layers - 1}] "
                           f"(model.num_layers={m.num_layers}), got {t.attention_layer}")
