@@ -112,6 +112,7 @@ def test_bad_json_line_names_file_and_line(tmp_path):
     with pytest.raises(UserError, match=re.escape("file.jsonl:3")) as info:
         load_corpus(str(path), 0.5)
     assert str(path) in str(info.value)
+    assert str(info.value).endswith("(Expecting ',' delimiter at column 13)")  # a whole phrase, where it broke
 
 
 @pytest.mark.parametrize("line", ['["a list"]', '{"body": "x"}', '{"text": 3}'])
@@ -148,5 +149,6 @@ def test_file_with_no_usable_text(tmp_path):
 def test_too_few_documents_to_split(tmp_path):
     path = tmp_path / "one.txt"
     path.write_text("只有一篇。\n", encoding="utf-8")
-    with pytest.raises(UserError, match="too few"):
+    with pytest.raises(UserError, match="too few") as info:
         load_corpus(str(path), 0.05)
+    assert "at least ~60 documents" in str(info.value)  # what would be enough

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,9 +60,12 @@ def load_corpus(name_or_path: str, valid_fraction: float) -> Corpus:
         raise UserError(f"data.corpus: {source}: no usable text after cleaning ({dict(skipped)})")
     train, valid = split(documents, valid_fraction)
     if not train or not valid:
+        # Each document goes to valid with probability valid_fraction (by its hash): a few
+        # held-out documents need about 3 / valid_fraction of them.
         raise UserError(
-            f"data.corpus: {source}: {len(documents)} documents are too few to split "
-            f"with data.valid_fraction={valid_fraction} (train {len(train)}, valid {len(valid)})"
+            f"data.corpus: {source}: {len(documents)} documents are too few to split with "
+            f"data.valid_fraction={valid_fraction} (train {len(train)}, valid {len(valid)}); give it at least "
+            f"~{math.ceil(3 / valid_fraction)} documents (lines), or raise data.valid_fraction"
         )
     return Corpus(source, train, valid, skipped, fingerprint(documents))
 
@@ -80,9 +84,9 @@ def read_file(path: Path) -> Iterator[str | None]:
                 yield line
                 continue
             try:
-                record = json.loads(line)
+                record = json.loads(line.rstrip("\r\n"))  # so an error at the end names its column
             except json.JSONDecodeError as err:
-                raise UserError(f"{path}:{number}: not valid JSON ({err.msg})") from None
+                raise UserError(f"{path}:{number}: not valid JSON ({err.msg} at column {err.colno})") from None
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                 raise UserError(f"{path}:{number}: expected an object with a string \"text\" field")
             yield record["text"]
