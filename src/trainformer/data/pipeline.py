@@ -42,9 +42,7 @@ def cached_token_stream(
     """The token stream of one split, tokenized once per (corpus, vocabulary) and kept on disk.
 
     Returns (stream, was_cached)."""
-    vocab_hash = hashlib.sha256("\n".join(tokenizer.vocab).encode("utf-8")).hexdigest()
-    key = hashlib.sha256(f"{corpus_fingerprint}:{vocab_hash}:{split}".encode()).hexdigest()[:16]
-    path = cache_dir / f"{split}-{key}.npy"
+    path = cache_file(cache_dir, tokenizer, corpus_fingerprint, split)
     if path.is_file():
         return np.load(path), True
     stream = tokenize_documents(tokenizer, documents)
@@ -53,6 +51,13 @@ def cached_token_stream(
     np.save(partial, stream)
     partial.replace(path)
     return stream, False
+
+
+def cache_file(cache_dir: Path, tokenizer: Tokenizer, corpus_fingerprint: str, split: str) -> Path:
+    """Where the token stream of one split of one corpus under one vocabulary is cached."""
+    vocab_hash = hashlib.sha256("\n".join(tokenizer.vocab).encode("utf-8")).hexdigest()
+    key = hashlib.sha256(f"{corpus_fingerprint}:{vocab_hash}:{split}".encode()).hexdigest()[:16]
+    return cache_dir / f"{split}-{key}.npy"
 
 
 def pack(stream: np.ndarray, seq_len: int) -> np.ndarray:

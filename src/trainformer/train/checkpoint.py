@@ -80,11 +80,19 @@ class Checkpoints:
         return True
 
 
-def restore_model(model: keras.Model, folder: Path, which: str = "latest") -> tuple[str, int]:
-    """Load only the model weights of a run's latest or best checkpoint: (path, step)."""
+def find_checkpoint(folder: Path, which: str = "latest") -> str:
+    """The path of a run's latest or best checkpoint; a UserError that says why there is none."""
     path = tf.train.latest_checkpoint(str(folder / "best" if which == "best" else folder))
-    if path is None:
-        raise FileNotFoundError(f"{folder}: no {which} checkpoint")
+    if path is not None:
+        return path
+    if which == "best" and tf.train.latest_checkpoint(str(folder)):
+        raise UserError(f"{folder}: no best checkpoint yet (one is saved at each eval that lowers the valid "
+                        f"loss); use --checkpoint latest")
+    raise UserError(f"{folder.parent}: no checkpoint yet (the first is saved after train.checkpoint_every steps)")
+
+
+def restore_model(model: keras.Model, path: str) -> int:
+    """Load only the model weights of a checkpoint; returns its step."""
     step = tf.Variable(0, dtype=tf.int64)
     tf.train.Checkpoint(model=model, step=step).restore(path).expect_partial()
-    return path, int(step.numpy())
+    return int(step.numpy())

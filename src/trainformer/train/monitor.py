@@ -10,6 +10,8 @@ from pathlib import Path
 
 import tensorflow as tf
 
+from trainformer.files import write_atomic
+
 
 def format_duration(seconds: float) -> str:
     seconds = int(max(seconds, 0))
@@ -18,14 +20,16 @@ def format_duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
 
 
-def drop_torn_line(path: Path) -> None:
-    """A crash in the middle of an append can leave half a JSON line at the end of the file;
-    cut it so every line of metrics.jsonl stays parseable."""
+def keep_records_until(path: Path, step: int) -> None:
+    """Cut metrics.jsonl back to a restored step: the records of later steps (written before a
+    crash) are written again as those steps are retrained, so each step appears once. Half a
+    line left by a crash mid-append goes too. Rewritten atomically."""
     if not path.is_file():
         return
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        path.write_bytes(data[: data.rfind(b"\n") + 1])
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if line.endswith("\n") and json.loads(line).get("step", 0) <= step]
+    if kept != lines:
+        write_atomic(path, "".join(kept))
 
 
 class Monitor:
@@ -33,16 +37,15 @@ class Monitor:
     flushed per line) and TensorBoard (logs/train, logs/valid), and prints a progress line."""
 
     def __init__(self, metrics_file: Path, logs_dir: Path, total_steps: int, tokens_per_step: int, out=sys.stdout,
-                 exporter=None):
+                 exporter=None, start_step: int = 0):
         self.metrics_file = metrics_file
-        drop_torn_line(metrics_file)
+        keep_records_until(metrics_file, start_step)
+        self.logs_dir = logs_dir
         self.total_steps = total_steps
         self.tokens_per_step = tokens_per_step
         self.out = out
         self.exporter = exporter  # e.g. a PrometheusExporter; gets every logged metric
-        self.writers = {
-            split: tf.summary.create_file_writer(str(logs_dir / split)) for split in ("train", "valid")
-        }
+        self._writers: dict[str, tf.summary.SummaryWriter] = {}
         self._interval_start = time.perf_counter()
         self._interval_steps = 0
         self._interval_excluded = 0.0  # seconds of eval/checkpointing inside the interval
@@ -86,9 +89,9 @@ class Monitor:
 
     def log_image(self, step: int, name: str, image) -> None:
         """Write one image, (1, H, W, 3 or 4) uint8, to the valid TensorBoard log at step."""
-        with self.writers["valid"].as_default(step=step):
+        with self.writer("valid").as_default(step=step):
             tf.summary.image(name, image, max_outputs=1)
-        self.writers["valid"].flush()
+        self.writer("valid").flush()
 
     @contextlib.contextmanager
     def not_training(self):
@@ -101,15 +104,20 @@ class Monitor:
 
     def _write(self, split: str, step: int, metrics: dict) -> None:
         self.record({"split": split, "step": step, "time": time.time(), **metrics})
-        with self.writers[split].as_default(step=step):
+        with self.writer(split).as_default(step=step):
             for name, value in metrics.items():
                 tf.summary.scalar(name, value)
-        self.writers[split].flush()
+        self.writer(split).flush()
         if self.exporter:
             self.exporter.update(split, step, metrics)
 
+    def writer(self, split: str) -> tf.summary.SummaryWriter:
+        """The TensorBoard writer of logs/<split>, created on first use: a rerun that has
+        nothing to train adds no empty event files."""
+        if split not in self._writers:
+            self._writers[split] = tf.summary.create_file_writer(str(self.logs_dir / split))
+        return self._writers[split]
+
     def close(self) -> None:
-        for writer in self.writers.values():
+        for writer in self._writers.values():
             writer.close()
-        if self.exporter:
-            self.exporter.close()

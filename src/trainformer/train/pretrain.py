@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -20,13 +21,13 @@ import tensorflow as tf
 from trainformer.config import ExperimentConfig
 from trainformer.data.corpus import Corpus, load_corpus
 from trainformer.data.pipeline import (
-    cached_token_stream, distribute, eval_batches, most_frequent_token, pack, train_dataset,
+    cache_file, cached_token_stream, distribute, eval_batches, most_frequent_token, pack, train_dataset,
 )
 from trainformer.data.tokenizer import VOCAB_FILE, Tokenizer, copy_vocab, train_vocab
 from trainformer.errors import TrainingError, UserError
 from trainformer.model.heads import build_masked_lm
 from trainformer.train.attention import AttentionSnapshot, sentence_from_windows
-from trainformer.train.checkpoint import Checkpoints, restore_model, weights_digest
+from trainformer.train.checkpoint import Checkpoints, find_checkpoint, restore_model, weights_digest
 from trainformer.train.loop import Evaluator, Trainer
 from trainformer.train.monitor import Monitor, format_duration
 from trainformer.train.optim import make_optimizer
@@ -52,12 +53,14 @@ class Data:
     was_cached: bool
 
 
-def prepare_data(config: ExperimentConfig, run: RunDir, say=print, train_vocabulary: bool = True) -> Data:
-    """Load the corpus, train the vocabulary (once per run) and pack tokenized windows (cached).
+def prepare_data(config: ExperimentConfig, run: RunDir, say=print, corpus: Corpus | None = None,
+                 train_vocabulary: bool = True) -> Data:
+    """Load the corpus (unless given), train the vocabulary (once per run) and pack tokenized
+    windows (cached).
 
     train_vocabulary=False (non-chief workers): the run's vocabulary must exist already.
     """
-    corpus = load_corpus(config.data.corpus, config.data.valid_fraction)
+    corpus = corpus or load_corpus(config.data.corpus, config.data.valid_fraction)
     say(f"corpus: {corpus.summary()}")
     tok = config.tokenizer
     if (run.tokenizer_dir / VOCAB_FILE).is_file():
@@ -97,15 +100,17 @@ def build_trainer(config: ExperimentConfig, vocab_size: int, strategy: tf.distri
     t = config.train
     with strategy.scope():
         model = build_model(config, vocab_size)
-        optimizer = make_optimizer(t.learning_rate, t.warmup_steps, t.steps, t.weight_decay)
+        optimizer = make_optimizer(t.learning_rate, min(t.warmup_steps, t.steps), t.steps, t.weight_decay)
     return Trainer(model, optimizer, strategy, t)
 
 
-def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout, metrics_port: int | None = None) -> dict:
-    """Train (or resume) a masked-LM run in run_dir and return the final valid metrics
-    ({"step", "stopped_by"} instead when SIGTERM or Ctrl-C stopped it early).
+def pretrain(config: ExperimentConfig, run: RunDir, corpus: Corpus, out=sys.stdout,
+             exporter: PrometheusExporter | None = None) -> dict:
+    """Train (or resume) a masked-LM run in run and return the final valid metrics
+    ({"step", "stopped_by"} instead when SIGTERM or Ctrl-C stopped it early). The caller has
+    checked and locked the run directory (train/start.py).
 
-    With several workers every process runs this; only the chief writes run_dir, which must
+    With several workers every process runs this; only the chief writes run, which must
     be on storage all workers see (they read its vocabulary, token cache and checkpoints).
     """
     configure_devices(config.runtime)
@@ -114,13 +119,13 @@ def pretrain(config: ExperimentConfig, run_dir: Path, out=sys.stdout, metrics_po
     say = (lambda text: print(text, file=out, flush=True)) if chief else (lambda text: None)  # noqa: E731
     with contextlib.ExitStack() as cleanup:
         # Non-chief workers write their checkpoints and logs to a scratch folder, deleted at exit.
-        writes = RunDir(run_dir) if chief else RunDir(Path(cleanup.enter_context(tempfile.TemporaryDirectory())))
+        writes = run if chief else RunDir(Path(cleanup.enter_context(tempfile.TemporaryDirectory())))
         log = out if chief else cleanup.enter_context(open(os.devnull, "w"))
-        return _pretrain(config, RunDir(run_dir), writes, strategy, say, log, metrics_port)
+        return _pretrain(config, run, corpus, writes, strategy, say, log, exporter)
 
 
-def _pretrain(config: ExperimentConfig, run: RunDir, writes: RunDir, strategy: tf.distribute.Strategy, say, out,
-              metrics_port: int | None) -> dict:
+def _pretrain(config: ExperimentConfig, run: RunDir, corpus: Corpus, writes: RunDir, strategy: tf.distribute.Strategy,
+              say, out, exporter: PrometheusExporter | None) -> dict:
     chief = writes == run
     train_cfg = config.train
     if chief:
@@ -130,12 +135,9 @@ def _pretrain(config: ExperimentConfig, run: RunDir, writes: RunDir, strategy: t
     if train_cfg.deterministic:
         # Deterministic kernels; our own jit_compile functions keep XLA (DESIGN.md).
         tf.config.experimental.enable_op_determinism()
-        if not (run.tokenizer_dir / VOCAB_FILE).is_file() and not config.tokenizer.vocab_file:
-            say("note: vocabulary training is not deterministic (huggingface/tokenizers#1794): "
-                "set tokenizer.vocab_file to compare fresh runs bit for bit")
-    data = prepare_data(config, run, say) if chief else None
+    data = prepare_data(config, run, say, corpus) if chief else None
     barrier(strategy)  # the chief has written the vocabulary and token cache: the others read them
-    data = data or prepare_data(config, run, say, train_vocabulary=False)
+    data = data or prepare_data(config, run, say, corpus, train_vocabulary=False)
 
     trainer = build_trainer(config, data.tokenizer.vocab_size, strategy)
     model = trainer.model
@@ -154,17 +156,18 @@ def _pretrain(config: ExperimentConfig, run: RunDir, writes: RunDir, strategy: t
                          data.tokenizer.vocab_size)
     manifest = start_manifest(writes, config, data, model.count_params(), strategy, bool(restored), start_step)
     tokens_per_step = train_cfg.accumulate * train_cfg.batch_size * config.data.seq_len
-    exporter = PrometheusExporter(metrics_port) if metrics_port and chief else None
     if exporter:
-        say(f"metrics: http://127.0.0.1:{metrics_port}/metrics")
-    monitor = Monitor(writes.metrics_file, writes.logs_dir, train_cfg.steps, tokens_per_step, out, exporter)
+        say(f"metrics: {exporter.url}")
+    # Records past the restored step belong to steps that are trained again: drop them.
+    monitor = Monitor(writes.metrics_file, writes.logs_dir, train_cfg.steps, tokens_per_step, out, exporter,
+                      start_step=start_step)
     print_summary(say, config, data, model.count_params(), strategy, run)
     if restored:
         say(f"resuming from checkpoint {restored} (step {start_step}/{train_cfg.steps})")
         monitor.record({"event": "resume", "step": start_step, "checkpoint": restored, "time": time.time()})
     if start_step >= train_cfg.steps:
         say(f"nothing left to train: step {start_step} >= train.steps {train_cfg.steps} "
-            f"(raise it with --set train.steps=N to train longer)")
+            f"(to train longer: {run.resume_command()} --set train.steps=N)")
 
     attention = AttentionSnapshot(model, data.tokenizer, *sentence_from_windows(data.valid_windows),
                                   layer=train_cfg.attention_layer)
@@ -186,7 +189,7 @@ def _pretrain(config: ExperimentConfig, run: RunDir, writes: RunDir, strategy: t
         manifest["segments"][-1]["stopped_by"] = trainer.stopped_by
         writes.write_manifest(manifest)
         say(f"{trainer.stopped_by}: stopped at step {step}/{train_cfg.steps} and saved a checkpoint; "
-            f"run the same command again to resume")
+            f"to resume: {run.resume_command()}")
         return {"step": step, "stopped_by": trainer.stopped_by}
     final = {**final, "step": step}
     digest = weights_digest(model)
@@ -235,14 +238,21 @@ def start_manifest(run: RunDir, config: ExperimentConfig, data: Data, num_params
 def print_summary(say, config: ExperimentConfig, data: Data, num_params: int, strategy: tf.distribute.Strategy,
                   run: RunDir) -> None:
     m, t = config.model, config.train
+    vocab = data.tokenizer.vocab_size
     say(f"model: {m.num_layers} layers, d_model {m.d_model}, {m.num_heads} heads, dff {m.dff}, {m.norm}-LN, "
-        f"{m.position} positions, vocab {data.tokenizer.vocab_size:,}: {num_params:,} parameters, {t.precision}")
+        f"{m.position} positions, vocab {vocab:,}: {num_params:,} parameters, {t.precision}")
+    if vocab != config.tokenizer.vocab_size:
+        say(f"vocabulary: {vocab:,} tokens, not tokenizer.vocab_size={config.tokenizer.vocab_size:,}"
+            + ("" if config.tokenizer.vocab_file else
+               f" (the corpus has no more pieces seen {config.tokenizer.min_frequency}+ times)"))
     say(f"devices: {'; '.join(describe_devices(strategy))}; tokenized data {'from cache' if data.was_cached else 'cached'} "
         f"in {run.cache_dir}")
     accumulate = f" x {t.accumulate} accumulated" if t.accumulate > 1 else ""
     tokens = t.accumulate * t.batch_size * config.data.seq_len
     say(f"data: {len(data.train_windows):,} train / {len(data.valid_windows):,} valid windows of "
         f"{config.data.seq_len} tokens; batch {t.batch_size}{accumulate} ({tokens:,} tokens/step)")
+    if t.warmup_steps > t.steps:
+        say(f"warmup: train.warmup_steps={t.warmup_steps} is longer than the run: capped at train.steps={t.steps}")
 
 
 def print_result(say, final: dict, run: RunDir, seconds: float) -> None:
@@ -252,20 +262,42 @@ def print_result(say, final: dict, run: RunDir, seconds: float) -> None:
     say(f"held-out masked-token accuracy {final['masked_accuracy']:.2%} vs most-frequent-token baseline "
         f"{final['baseline_accuracy']:.2%} ({ratio:.1f}x), on {final['num_targets']:,} masked tokens")
     say(f"run directory: {run.root}")
-    say(f"TensorBoard:   tensorboard --logdir {run.logs_dir}")
+    say(f"TensorBoard:   {tensorboard_command()} --logdir {run.logs_dir}")
+
+
+def tensorboard_command() -> str:
+    """`tensorboard` as this environment runs it: a venv's bin folder is often not on PATH."""
+    beside = Path(sys.executable).parent / "tensorboard"
+    return shlex.quote(str(beside)) if beside.is_file() else "tensorboard"
 
 
 def evaluate(run_dir: Path, split: str = "valid", which: str = "latest") -> dict:
-    """Score a run's latest (or best) checkpoint on cloze-masked windows of a split."""
+    """Score a run's latest (or best) checkpoint on cloze-masked windows of a split.
+
+    The windows come from the run's token cache, so the corpus need not be where it was
+    during training; only a run whose cache was deleted reads its corpus again.
+    """
     run = RunDir(run_dir)
     config = run.load_config()
-    data = prepare_data(config, run, say=lambda text: None)
-    windows = data.valid_windows if split == "valid" else data.train_windows
+    path = find_checkpoint(run.checkpoints_dir, which)
+    tokenizer = Tokenizer.load(run.tokenizer_dir)
+    streams = cached_streams(run, tokenizer)
+    if streams is None:
+        data = prepare_data(config, run, say=lambda text: None)
+        windows, baseline_id = (data.valid_windows if split == "valid" else data.train_windows), data.baseline_id
+    else:
+        windows, baseline_id = pack(streams[split], config.data.seq_len), most_frequent_token(streams["train"])
     with make_strategy("one_device").scope():
-        model = build_model(config, data.tokenizer.vocab_size)
-    try:
-        path, step = restore_model(model, run.checkpoints_dir, which)
-    except FileNotFoundError as err:
-        raise UserError(str(err)) from None
-    batches = eval_batches(windows, config.train.batch_size, EVAL_SEED, config.data.mask_rate, data.tokenizer.vocab_size)
-    return {**Evaluator(model)(batches, data.baseline_id), "step": step, "split": split, "checkpoint": path}
+        model = build_model(config, tokenizer.vocab_size)
+    step = restore_model(model, path)
+    batches = eval_batches(windows, config.train.batch_size, EVAL_SEED, config.data.mask_rate, tokenizer.vocab_size)
+    return {**Evaluator(model)(batches, baseline_id), "step": step, "split": split, "checkpoint": path}
+
+
+def cached_streams(run: RunDir, tokenizer: Tokenizer) -> dict[str, np.ndarray] | None:
+    """The run's tokenized train and valid streams from its cache (None unless both are there)."""
+    fingerprint = run.read_manifest().get("data", {}).get("fingerprint")
+    files = {split: cache_file(run.cache_dir, tokenizer, fingerprint, split) for split in ("train", "valid")}
+    if not fingerprint or not all(path.is_file() for path in files.values()):
+        return None
+    return {split: np.load(path) for split, path in files.items()}

@@ -1,7 +1,8 @@
 """Prometheus metrics for a running job (`trainformer train --metrics-port P`).
 
 Served on 127.0.0.1 only: put a scraper on the same host, or an authenticated proxy in front.
-Training gauges are set by the Monitor as it logs; GPU gauges (utilisation, memory,
+Training gauges are set by the Monitor as it logs, each created when it first gets a value
+(a valid loss of 0 before the first eval would read as a perfect model); GPU gauges (utilisation, memory,
 temperature) are read through NVML at scrape time when NVIDIA GPUs are present: without them,
 or without the NVIDIA driver, there are simply no GPU series.
 """
@@ -68,25 +69,30 @@ class PrometheusExporter:
 
     def __init__(self, port: int):
         self.registry = CollectorRegistry()
-        self.step = Gauge("trainformer_step", "optimizer steps completed", registry=self.registry)
-        self.gauges = {
-            (split, key): Gauge(name, help_text, registry=self.registry)
-            for split, table in (("train", TRAIN_GAUGES), ("valid", VALID_GAUGES))
-            for key, (name, help_text) in table.items()
-        }
+        self.port = port
+        self.gauges: dict[tuple[str, str], Gauge] = {}
         self.registry.register(NvmlCollector())
         try:
             self._server, self._thread = start_http_server(port, addr="127.0.0.1", registry=self.registry)
         except OSError as err:
             raise UserError(f"--metrics-port {port}: cannot serve on 127.0.0.1:{port} ({err.strerror})") from None
 
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
     def update(self, split: str, step: int, metrics: dict) -> None:
         if split == "train":
-            self.step.set(step)
+            self._set(split, "step", ("trainformer_step", "optimizer steps completed"), step)
+        table = TRAIN_GAUGES if split == "train" else VALID_GAUGES
         for key, value in metrics.items():
-            gauge = self.gauges.get((split, key))
-            if gauge is not None:
-                gauge.set(value)
+            if key in table:
+                self._set(split, key, table[key], value)
+
+    def _set(self, split: str, key: str, name_and_help: tuple[str, str], value: float) -> None:
+        if (split, key) not in self.gauges:
+            self.gauges[split, key] = Gauge(*name_and_help, registry=self.registry)
+        self.gauges[split, key].set(value)
 
     def close(self) -> None:
         self._server.shutdown()

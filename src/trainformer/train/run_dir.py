@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
+import fcntl
 import importlib.metadata
 import json
+import os
 import platform
+import shutil
 import subprocess
 from pathlib import Path
 
 import yaml
 
-from trainformer.config import ExperimentConfig, load_config
+from trainformer.config import DEFAULT_CONFIG, ExperimentConfig, load_config
 from trainformer.errors import UserError
 from trainformer.files import write_atomic
 
@@ -23,6 +27,8 @@ RESUMABLE_CHANGES = {
     "train.attention_layer",  # only what TensorBoard draws
     "train.on_nan", "train.strategy", "runtime.memory_growth", "runtime.cpu_devices",  # e.g. resume on other hardware
 }
+# What decides the vocabulary: a run that changes them before its first checkpoint trains a new one.
+VOCABULARY_KEYS = ("data.corpus", "data.valid_fraction", "tokenizer.")
 PACKAGES = ("trainformer", "tensorflow", "tensorflow-text", "keras", "tokenizers", "numpy", "tensorboard", "snownlp")
 
 
@@ -38,23 +44,86 @@ class RunDir:
     metrics_file = property(lambda self: self.root / "metrics.jsonl")
     cache_dir = property(lambda self: self.root / "cache")
 
-    def prepare(self, config: ExperimentConfig) -> bool:
-        """Create the run directory for config, or check that an existing one ran the same
-        experiment. Returns True when the directory already held a run."""
-        if self.config_file.is_file():
-            previous = yaml.safe_load(self.config_file.read_text(encoding="utf-8"))
-            for key, (old, new) in _differences(previous, config.to_dict()).items():
-                if key not in RESUMABLE_CHANGES:
-                    raise UserError(
-                        f"{self.config_file}: {key} was {old!r} in this run, now {new!r}; "
-                        f"resume with the same config or pass a new --run-dir"
-                    )
-            existed = True
-        else:
-            existed = False
+    lock_file = property(lambda self: self.root / ".lock")
+
+    def has_checkpoint(self) -> bool:
+        """A run exists once it has a checkpoint; before that a new config may replace it."""
+        return (self.checkpoints_dir / "checkpoint").is_file()
+
+    def resume_command(self) -> str:
+        return f"trainformer train --run-dir {self.root}"
+
+    def check_usable(self) -> None:
+        """Refuse a path that is a file, or a folder of other files that is not a run."""
+        if self.root.exists() and not self.root.is_dir():
+            raise UserError(f"--run-dir {self.root}: is a file, not a directory")
+        if self.root.is_dir() and not self.config_file.is_file():
+            others = sorted(p.name for p in self.root.iterdir() if p != self.lock_file)
+            if others:
+                raise UserError(f"--run-dir {self.root}: holds other files ({', '.join(others[:3])}"
+                                f"{', ...' if len(others) > 3 else ''}) but no run; pass a new or empty directory")
+
+    def check_resume(self, config: ExperimentConfig) -> None:
+        """A run with a checkpoint resumes only with its own config, bar RESUMABLE_CHANGES."""
+        if not self.has_checkpoint() or not self.config_file.is_file():
+            return
+        for key, (old, new) in self.differences(config).items():
+            if key not in RESUMABLE_CHANGES:
+                raise UserError(
+                    f"{self.config_file}: {key} was {old!r} in this run, now {new!r}; to resume the run as it "
+                    f"was: {self.resume_command()} [--set train.steps=N]; to start another, pass a new --run-dir"
+                )
+
+    def check_same_data(self, source: str, fingerprint: str, documents: int) -> None:
+        """The data a run trains on is part of the run: a corpus changed under it is refused."""
+        data = self.read_manifest().get("data", {}) if self.has_checkpoint() else {}
+        if data and data.get("fingerprint") != fingerprint:
+            before = data.get("train_documents", 0) + data.get("valid_documents", 0)
+            raise UserError(
+                f"data.corpus: {source} has changed since this run trained on it ({before:,} -> {documents:,} "
+                f"documents, fingerprint {data.get('fingerprint', '?')[:12]} -> {fingerprint[:12]}); a run "
+                f"trains on one corpus: restore it, or start a new run with another --run-dir"
+            )
+
+    def differences(self, config: ExperimentConfig) -> dict[str, tuple]:
+        previous = yaml.safe_load(self.config_file.read_text(encoding="utf-8"))
+        return _differences(previous, config.to_dict())
+
+    @contextlib.contextmanager
+    def lock(self):
+        """Hold the run directory for this process (flock: the OS releases it if the process
+        dies), so two trainings never write one run. The holder's pid is in the lock file."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            handle = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise UserError(f"--run-dir {self.root}: cannot be created ({err.strerror})") from None
+        try:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(handle, 32, 0).decode(errors="replace").strip() or "?"
+                raise UserError(f"{self.root}: another trainformer train is running on this run directory "
+                                f"(pid {holder}); wait for it to end, or stop it first") from None
+            os.ftruncate(handle, 0)
+            os.pwrite(handle, f"{os.getpid()}\n".encode(), 0)
+            yield
+        finally:
+            os.close(handle)  # releases the lock
+
+    def prepare(self, config: ExperimentConfig) -> None:
+        """Write config.yaml. A run without a checkpoint is not a run yet (an earlier attempt
+        failed or was killed early): what it wrote is cleared for this config, and its
+        vocabulary kept only if the config would train the same one."""
+        if self.config_file.is_file() and not self.has_checkpoint():
+            changed = self.differences(config)
+            if any(key.startswith(VOCABULARY_KEYS) for key in changed):
+                shutil.rmtree(self.tokenizer_dir, ignore_errors=True)
+            for stale in (self.metrics_file, self.manifest_file):
+                stale.unlink(missing_ok=True)
+            shutil.rmtree(self.logs_dir, ignore_errors=True)
         self.root.mkdir(parents=True, exist_ok=True)
         write_atomic(self.config_file, yaml.safe_dump(config.to_dict(), sort_keys=False, allow_unicode=True))
-        return existed
 
     def load_config(self) -> ExperimentConfig:
         if not self.config_file.is_file():
@@ -66,6 +135,21 @@ class RunDir:
 
     def write_manifest(self, manifest: dict) -> None:
         write_atomic(self.manifest_file, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+
+
+def resolve_train_config(source: str | None, overrides: list[str],
+                         run_dir: Path | None) -> tuple[ExperimentConfig, RunDir]:
+    """The config and run directory of `trainformer train [CONFIG] [--set ...] [--run-dir DIR]`.
+
+    Without CONFIG, a run directory that holds a run resumes with its own config.yaml (the
+    overrides it was started with included); otherwise the built-in default is used.
+    """
+    if source is None:
+        existing = RunDir(run_dir or Path("runs") / DEFAULT_CONFIG)
+        if existing.config_file.is_file():
+            return load_config(str(existing.config_file), overrides), existing
+    config = load_config(source, overrides)
+    return config, RunDir(run_dir or Path("runs") / config.name)
 
 
 def _differences(old: dict, new: dict, prefix: str = "") -> dict[str, tuple]:
