@@ -71,13 +71,19 @@ def test_eval_json(run):
 
 
 def test_second_train_resumes_from_checkpoint(run, tmp_path):
+    """`train --run-dir R` alone resumes R with its own config (the run's --set overrides included)."""
     run_dir, _ = run
-    result = trainformer("train", "--run-dir", str(run_dir), *TINY, "--set", "train.steps=40")
+    result = trainformer("train", "--run-dir", str(run_dir), "--set", "train.steps=40")
     assert "resuming from checkpoint" in result.stdout and "(step 30/40)" in result.stdout
     assert "from cache" in result.stdout  # the corpus was not tokenized again
     steps = [e["step"] for e in read_metrics(run_dir) if e.get("split") == "train"]
     assert steps[-2:] == [35, 40] and steps.count(30) == 1  # continued, not restarted
     assert json.loads((run_dir / "manifest.json").read_text())["final_eval"]["step"] == 40
+
+    event_files = sorted((run_dir / "logs").rglob("events.out.tfevents.*"))
+    again = trainformer("train", "--run-dir", str(run_dir))
+    assert f"to train longer: trainformer train --run-dir {run_dir} --set train.steps=N" in again.stdout
+    assert sorted((run_dir / "logs").rglob("events.out.tfevents.*")) == event_files  # no empty pair added
 
 
 def test_run_killed_mid_training_resumes_cleanly(tmp_path):
@@ -97,7 +103,8 @@ def test_run_killed_mid_training_resumes_cleanly(tmp_path):
     result = trainformer(*args)
     assert "resuming from checkpoint" in result.stdout
     assert json.loads((run_dir / "manifest.json").read_text())["final_eval"]["step"] == 120
-    read_metrics(run_dir)  # every line still parses
+    logged = [(e["split"], e["step"]) for e in read_metrics(run_dir) if "split" in e]  # every line parses
+    assert len(logged) == len(set(logged)) and len(logged) == 120 // 5 + 120 // 15  # each step once
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -111,7 +118,7 @@ def test_sigterm_and_ctrl_c_save_and_exit_0(tmp_path, signum):
     stdout, _ = process.communicate(timeout=60)
     assert process.returncode == 0
     name = signal.Signals(signum).name
-    assert f"{name}: stopped at step" in stdout and "run the same command again to resume" in stdout
+    assert f"{name}: stopped at step" in stdout and f"to resume: trainformer train --run-dir {run_dir}" in stdout
     step = int(stdout.split("stopped at step ")[1].split("/")[0])
     assert step >= 5 and (run_dir / "checkpoints" / f"ckpt-{step}.index").is_file()
     segment = json.loads((run_dir / "manifest.json").read_text())["segments"][-1]
@@ -157,6 +164,7 @@ def test_changed_model_on_existing_run_is_refused(run):
         (["--set", "train.steps=many"], "train.steps: expected int"),
         (["no-such-config.yaml"], "no-such-config.yaml: config file not found"),
         (["--set", "data.corpus=/no/such/corpus.txt"], "/no/such/corpus.txt: no such file"),
+        (["--set", "train.steps", "50"], "--set train.steps: expected key=value with '='"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(args, message, tmp_path):
@@ -165,6 +173,83 @@ def test_user_errors_are_one_line_and_exit_2(args, message, tmp_path):
     lines = [line for line in result.stderr.splitlines() if line.startswith("trainformer: error:")]
     assert len(lines) == 1 and message in lines[0], result.stderr
     assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()  # found before anything was written
+
+
+def test_debug_after_the_verb_shows_the_traceback(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    quiet = trainformer("train", "--run-dir", str(tmp_path / "file"), check=False)
+    loud = trainformer("train", "--run-dir", str(tmp_path / "file"), "--debug", check=False)
+    assert quiet.returncode == 2 and "Traceback" not in quiet.stderr
+    assert "Traceback" in loud.stderr and "UserError: --run-dir" in loud.stderr
+    assert (tmp_path / "file").read_text() == "not a folder"
+
+
+def test_version_names_the_stack():
+    assert trainformer("--version").stdout.startswith("trainformer 0.1.0 (tensorflow 2.21")
+
+
+def test_failed_first_attempts_leave_nothing_and_block_nothing(tmp_path):
+    """A corrected command must work after a failed one (a config that never trained is not a run)."""
+    run_dir = tmp_path / "run"
+    (tmp_path / "empty.txt").write_text("\n \n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for bad in (["--set", "data.corpus=missing.txt"], ["--set", f"data.corpus={tmp_path / 'empty.txt'}"],
+                    ["--metrics-port", port]):
+            result = trainformer("train", "--run-dir", str(run_dir), *TINY, *bad, check=False)
+            assert result.returncode == 2 and not run_dir.exists(), result.stderr
+    # Too large a batch is found only once the corpus is tokenized: config.yaml is written by then.
+    result = trainformer("train", "--run-dir", str(run_dir), *TINY, "--set", "train.batch_size=1000000", check=False)
+    assert result.returncode == 2 and "training windows" in result.stderr
+    result = trainformer("eval", str(run_dir), check=False)
+    assert result.returncode == 2 and "no checkpoint yet" in result.stderr
+    result = trainformer("train", "--run-dir", str(run_dir), *TINY, "--set", "train.steps=10")
+    assert "done in" in result.stdout
+
+
+def test_a_run_is_trained_by_one_process_at_a_time(tmp_path):
+    """A second train on a running run is refused (naming the holder); eval is allowed."""
+    run_dir = tmp_path / "run"
+    process = start("train", "--run-dir", str(run_dir), *TINY, "--set", "train.steps=100000", stdout=subprocess.PIPE)
+    try:
+        for line in process.stdout:  # checkpoints come every 10 steps
+            if line.startswith("step ") and line.split()[1].startswith("10/"):
+                break
+        second = trainformer("train", "--run-dir", str(run_dir), check=False)
+        assert second.returncode == 2
+        assert f"another trainformer train is running on this run directory (pid {process.pid})" in second.stderr
+        assert json.loads(trainformer("eval", str(run_dir), "--json").stdout)["step"] >= 10
+    finally:
+        process.send_signal(signal.SIGTERM)
+        stdout, _ = process.communicate(timeout=60)
+    assert process.returncode == 0
+    steps = [e["step"] for e in read_metrics(run_dir) if e.get("split") == "train"]
+    assert steps == sorted(set(steps))  # one run's records only
+
+
+def test_own_corpus_run_eval_without_the_corpus_and_a_changed_corpus_refused(tmp_path, corpus):
+    news = tmp_path / "news.txt"
+    news.write_text("\n".join(corpus.train[:380] + corpus.valid[:20]) + "\n", encoding="utf-8")
+    run_dir = tmp_path / "run"
+    args = ["train", "--run-dir", str(run_dir), *TINY, "--set", f"data.corpus={news}", "--set", "train.steps=10",
+            "--set", "train.warmup_steps=200"]
+    result = trainformer(*args)
+    assert "warmup: train.warmup_steps=200 is longer than the run: capped at train.steps=10" in result.stdout
+    final = json.loads((run_dir / "manifest.json").read_text())["final_eval"]
+
+    news.rename(tmp_path / "moved.txt")  # eval reads the run's token cache, not the corpus
+    assert json.loads(trainformer("eval", str(run_dir), "--json").stdout)["loss"] == pytest.approx(final["loss"])
+
+    (tmp_path / "moved.txt").rename(news)
+    with news.open("a", encoding="utf-8") as handle:
+        handle.write("一个新的段落。\n")
+    before = (run_dir / "metrics.jsonl").read_text()
+    result = trainformer(*args, "--set", "train.steps=20", check=False)
+    assert result.returncode == 2 and "has changed since this run trained on it (400 -> 401 documents" in result.stderr
+    assert (run_dir / "metrics.jsonl").read_text() == before
 
 
 def test_eval_of_a_missing_run_dir(tmp_path):
@@ -176,30 +261,43 @@ def test_data_list_names_the_builtin_corpus():
     assert "people-daily-1998" in trainformer("data", "list").stdout
 
 
+def scrape(port: int) -> dict[str, float] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return None  # not serving yet
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+            if line.startswith("trainformer_") and len(line.split()) == 2}
+
+
 def test_prometheus_metrics_are_served_while_training(tmp_path):
     with socket.socket() as probe:  # a free port on loopback
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     process = start("train", "--run-dir", str(tmp_path / "run"), *TINY, "--set", "train.steps=100000",
-                    "--metrics-port", str(port))
-    try:
-        values = {}
-        for _ in range(600):  # at most ~60 s
+                    "--set", "train.eval_every=200", "--metrics-port", str(port))
+
+    def scrape_until(ready) -> dict:
+        for _ in range(1200):  # at most ~2 min
             time.sleep(0.1)
             assert process.poll() is None, "training ended early"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
-                    text = response.read().decode()
-            except OSError:
-                continue  # not serving yet
-            values = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
-                      if line.startswith("trainformer_") and len(line.split()) == 2}
-            if values.get("trainformer_step", 0) >= 10:
-                break
-        assert values["trainformer_step"] >= 10
+            values = scrape(port)
+            if values and ready(values):
+                return values
+        raise AssertionError("the metrics never got there")
+
+    try:
+        values = scrape_until(lambda v: v.get("trainformer_step", 0) >= 10)
+        assert values["trainformer_step"] < 200
         assert 0 < values["trainformer_train_loss"] < 20 and values["trainformer_tokens_per_second"] > 0
         assert 0 <= values["trainformer_data_wait_percent"] < 100
+        assert 0 < values["trainformer_learning_rate"] <= 3e-3 and values["trainformer_grad_norm"] > 0
+        # No eval yet and no fp16: a 0 here would read as a perfect model or a collapsed scale.
+        assert not any(name.startswith(("trainformer_valid", "trainformer_loss_scale")) for name in values)
         assert not any(name.startswith("trainformer_gpu") for name in values)  # no GPU here: no series
+        values = scrape_until(lambda v: "trainformer_valid_loss" in v)
+        assert 0 < values["trainformer_valid_loss"] < 20 and 0 <= values["trainformer_valid_masked_accuracy"] <= 1
     finally:
         process.send_signal(signal.SIGTERM)
         process.communicate(timeout=60)

@@ -3,36 +3,49 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
-import os
 import sys
 from pathlib import Path
 
 from trainformer.errors import TrainingError, UserError
+from trainformer.quiet import quiet_tensorflow
 
 EXIT_USER_ERROR = 2
 
 
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="trainformer", description="Train Transformers on TensorFlow.")
+    top.add_argument("--version", action="version", version=version())
+    # --debug goes before or after the verb; SUPPRESS: a verb's parser must not reset it to False
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show tracebacks and TensorFlow's own logging")
     top.add_argument("--debug", action="store_true", help="show tracebacks and TensorFlow's own logging")
     verbs = top.add_subparsers(dest="verb", required=True)
 
-    train = verbs.add_parser("train", help="pretrain a model (resumes if RUN_DIR holds a run)")
-    train.add_argument("config", nargs="?", help="YAML file or built-in name (default: zh-bert-tiny)")
+    def verb(name: str, **kwargs) -> argparse.ArgumentParser:
+        return verbs.add_parser(name, parents=[debug], **kwargs)
+
+    train = verb("train", help="pretrain a model (resumes if RUN_DIR holds a run)")
+    train.add_argument("config", nargs="?",
+                       help="YAML file or built-in name (default: RUN_DIR's own config when it holds a run, "
+                            "else zh-bert-tiny)")
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config key, e.g. --set train.steps=200 (repeatable)")
     train.add_argument("--run-dir", type=Path, help="run directory (default: runs/<config name>)")
     train.add_argument("--metrics-port", type=int, metavar="P",
                        help="serve Prometheus metrics on 127.0.0.1:P while training")
 
-    evaluate = verbs.add_parser("eval", help="score a run's checkpoint on held-out data")
-    evaluate.add_argument("run_dir", type=Path)
-    evaluate.add_argument("--split", choices=("valid", "train"), default="valid")
-    evaluate.add_argument("--checkpoint", choices=("latest", "best"), default="latest")
+    evaluate = verb("eval", help="score a run's checkpoint on held-out data")
+    evaluate.add_argument("run_dir", type=Path, help="a run directory written by train")
+    evaluate.add_argument("--split", choices=("valid", "train"), default="valid",
+                          help="held-out windows (default) or the training windows")
+    evaluate.add_argument("--checkpoint", choices=("latest", "best"), default="latest",
+                          help="the newest checkpoint (default) or the one with the lowest valid loss")
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
 
-    bench = verbs.add_parser("bench", help="time a config's training step: tokens/s, MFU, data-wait")
+    bench = verb("bench", help="time a config's training step: tokens/s, MFU, data-wait")
     bench.add_argument("config", nargs="?", help="YAML file or built-in name, as for train")
     bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config key, as for train (repeatable)")
@@ -44,20 +57,32 @@ def parser() -> argparse.ArgumentParser:
                        help="vocabulary and token cache for real text (default: runs/bench-<config name>)")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
 
-    launch = verbs.add_parser("launch", help="train with N local worker processes (MultiWorkerMirroredStrategy)",
-                              usage="trainformer launch --workers N -- train [CONFIG] [--set KEY=VALUE ...]")
-    launch.add_argument("--workers", type=int, required=True, metavar="N")
+    launch = verb("launch", help="train with N local worker processes (MultiWorkerMirroredStrategy)",
+                  usage="trainformer launch --workers N -- train [CONFIG] [--set KEY=VALUE ...]")
+    launch.add_argument("--workers", type=int, required=True, metavar="N",
+                        help="worker processes to start on this machine (127.0.0.1)")
     launch.add_argument("command", nargs=argparse.REMAINDER, help="'--' then the train command line")
 
-    data = verbs.add_parser("data", help="built-in corpora")
-    data.add_argument("action", choices=("list",))
+    data = verb("data", help="built-in corpora")
+    data.add_argument("action", choices=("list",), help="list: name and description of each recipe")
     return top
+
+
+def version() -> str:
+    """trainformer's version and the stack it runs on (read from package metadata: no imports)."""
+    def installed(name: str) -> str:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    stack = ", ".join(f"{name} {installed(name)}" for name in ("tensorflow", "keras", "tensorflow-text"))
+    return f"trainformer {installed('trainformer')} ({stack})"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if not args.debug:
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ start-up chatter out of the log
+    quiet_tensorflow(args.debug)  # before TensorFlow loads: its own log lines only with --debug
     try:
         return run(args)
     except UserError as err:
@@ -84,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     from trainformer.config import load_config
+    from trainformer.train.run_dir import resolve_train_config
 
     if args.verb == "launch":
         from trainformer.launch import launch
@@ -91,14 +117,14 @@ def run(args: argparse.Namespace) -> int:
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         if command[:1] == ["train"]:  # a bad config fails here once, not in every worker
             train = parser().parse_args(command)
-            load_config(train.config, train.overrides)
+            resolve_train_config(train.config, train.overrides, train.run_dir)
         return launch(args.workers, command)
 
     if args.verb == "train":
-        config = load_config(args.config, args.overrides)  # fails fast, before TensorFlow loads
-        from trainformer.train.pretrain import pretrain
+        config, run = resolve_train_config(args.config, args.overrides, args.run_dir)  # before TensorFlow loads
+        from trainformer.train.start import start_training
 
-        pretrain(config, args.run_dir or Path("runs") / config.name, metrics_port=args.metrics_port)
+        start_training(config, run, metrics_port=args.metrics_port)
         return 0
 
     if args.verb == "bench":

@@ -21,6 +21,7 @@ import threading
 import time
 
 from trainformer.errors import UserError
+from trainformer.quiet import debug_enabled
 
 GRACE_S = 10.0  # a stopped worker's time to exit after SIGTERM before it is killed
 POLL_S = 0.2
@@ -56,14 +57,17 @@ def _relay(stream, prefix: str, out) -> None:
         out.flush()
 
 
-def launch(workers: int, command: list[str], out=sys.stdout) -> int:
+def launch(workers: int, command: list[str], out=sys.stdout, debug: bool | None = None) -> int:
     """Run `trainformer <command>` in `workers` processes; returns the exit status: 0 when all
-    finished, else the first failing worker's."""
+    finished, else the first failing worker's. `debug` (default: whether this process got
+    --debug) passes --debug on, so the workers show tracebacks and TensorFlow's logging too."""
     if workers < 1:
         raise UserError(f"launch --workers: must be >= 1, got {workers}")
     if not command or command[0] != "train":
         raise UserError("launch: expected the train command after '--', e.g. trainformer launch --workers 2 -- train")
-    command = [*command, "--set", "train.strategy=multi_worker"]
+    if debug is None:
+        debug = debug_enabled()
+    command = [*(["--debug"] if debug else []), *command, "--set", "train.strategy=multi_worker"]
     ports = free_ports(workers)
     processes = []
     for index in range(workers):
