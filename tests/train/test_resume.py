@@ -1,8 +1,9 @@
 """Exact reproducibility through the real command line.
 
-Deterministic runs with the same vocabulary give bitwise-equal weights (XLA on and off), and a
-run killed with SIGKILL at any point, then rerun with the same command, ends with exactly the
-weights, optimizer state and dropout RNG state of a run that was never interrupted.
+Deterministic runs give bitwise-equal weights (XLA on and off), also when each trains its own
+vocabulary, and a run killed with SIGKILL at any point, then rerun with the same command, ends
+with exactly the weights, optimizer state and dropout RNG state of a run that was never
+interrupted.
 """
 
 import subprocess
@@ -46,6 +47,17 @@ def test_two_deterministic_runs_are_bitwise_equal(tmp_path, vocab_args, xla):
     trainformer("train", "--run-dir", str(tmp_path / "c"), *args, "--set", "train.seed=1")
     a, c = final_state(tmp_path / "a"), final_state(tmp_path / "c")
     assert not all(np.array_equal(a[name], c[name]) for name in a)  # the comparison can fail
+
+
+def test_two_fresh_deterministic_runs_train_the_same_vocabulary_and_end_bitwise_equal(tmp_path):
+    """No tokenizer.vocab_file: each run learns its own vocabulary from the corpus. HF's
+    WordPiece trainer made those differ from process to process (huggingface/tokenizers#1794)."""
+    args = [*TINY, "--set", "train.deterministic=true", "--set", "model.dropout=0.1", "--set", "train.steps=10"]
+    for name in ("a", "b"):
+        trainformer("train", "--run-dir", str(tmp_path / name), *args)
+    vocab_a, vocab_b = ((tmp_path / name / "tokenizer" / "vocab.txt").read_bytes() for name in ("a", "b"))
+    assert vocab_a == vocab_b
+    assert_bitwise_equal(final_state(tmp_path / "a"), final_state(tmp_path / "b"))
 
 
 @pytest.fixture(scope="module")

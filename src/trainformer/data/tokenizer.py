@@ -1,9 +1,11 @@
-"""WordPiece vocabulary: trained with HF `tokenizers`, run in-graph with tensorflow-text.
+"""WordPiece vocabulary: learned deterministically (data/wordpiece.py), run in-graph with
+tensorflow-text.
 
 The training data path and the serving graph use the same in-graph tokenizer
 (`FastBertTokenizer` after NFKC), so what the model saw in training is exactly what it sees
-in serving. HF `tokenizers` is only used to learn the vocabulary; a test proves both give the
-same ids on the whole valid split.
+in serving. The HF `tokenizers` BERT tokenizer (`hf_wordpiece`) splits words for vocabulary
+training and is the reference: a test proves both give the same ids on the whole valid split.
+HF's own WordPiece trainer is not used: it is not deterministic (huggingface/tokenizers#1794).
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from typing import Iterable
 
 import tensorflow as tf
 import tensorflow_text as tf_text
-from tokenizers import BertWordPieceTokenizer, normalizers
 
+from trainformer.data.wordpiece import train_wordpiece
 from trainformer.errors import UserError
+from trainformer.files import write_atomic
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))
@@ -24,41 +27,23 @@ VOCAB_FILE = "vocab.txt"
 SETTINGS_FILE = "tokenizer.json"
 
 
-def hf_wordpiece(lowercase: bool, vocab: str | None = None) -> BertWordPieceTokenizer:
-    """The vocab-training tokenizer: BERT pre-tokenization (CJK characters split singly),
-    NFKC first so full-width digits and letters map onto their ASCII forms."""
-    tokenizer = BertWordPieceTokenizer(
-        vocab, clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
-    )
-    tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), tokenizer.normalizer])
-    return tokenizer
-
-
 def train_vocab(
     texts: Iterable[str], out_dir: Path, vocab_size: int, min_frequency: int, lowercase: bool
 ) -> Path:
-    """Learn a WordPiece vocabulary and write vocab.txt (+ settings) into out_dir."""
-    tokenizer = hf_wordpiece(lowercase)
-    tokenizer.train_from_iterator(
-        texts,
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        # Keep every character seen min_frequency times. The default (1000) would turn most
-        # Chinese characters into [UNK] (DESIGN.md, measured on People's Daily).
-        limit_alphabet=1_000_000,
-        special_tokens=list(SPECIAL_TOKENS),
-        wordpieces_prefix="##",
-        show_progress=False,
-    )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_model(str(out_dir))
-    _write_settings(out_dir, lowercase)
-    return out_dir / VOCAB_FILE
+    """Learn a WordPiece vocabulary and write vocab.txt (+ settings) into out_dir.
+
+    Deterministic: the same texts and settings give a byte-identical vocab.txt in any process.
+    Every character of the texts is kept (on Chinese text, a cut alphabet would turn rare
+    characters into [UNK]); then the most frequent pairs are merged until vocab_size tokens or
+    no pair is seen min_frequency times (data/wordpiece.py).
+    """
+    vocab = train_wordpiece(texts, vocab_size, min_frequency, lowercase, SPECIAL_TOKENS)
+    return _write_vocab(out_dir, vocab, lowercase)
 
 
 def copy_vocab(vocab_file: str, out_dir: Path, lowercase: bool) -> Path:
-    """Use an existing vocab.txt instead of training one (e.g. to share a vocabulary between
-    runs: HF WordPiece training is not deterministic, huggingface/tokenizers#1794)."""
+    """Use an existing vocab.txt instead of training one (e.g. bert-base-chinese's, or one
+    vocabulary for runs on different corpora)."""
     source = Path(vocab_file).expanduser()
     if not source.is_file():
         raise UserError(f"tokenizer.vocab_file: {source}: no such file")
@@ -68,15 +53,17 @@ def copy_vocab(vocab_file: str, out_dir: Path, lowercase: bool) -> Path:
             raise UserError(f"{source}:{line}: expected special token {expected}, found {token!r}")
     if len(vocab) <= len(SPECIAL_TOKENS):
         raise UserError(f"{source}: holds no tokens beyond the special tokens")
+    return _write_vocab(out_dir, vocab, lowercase)
+
+
+def _write_vocab(out_dir: Path, vocab: list[str], lowercase: bool) -> Path:
+    """Settings first, then vocab.txt, each atomically: a run dir whose vocab.txt exists has a
+    complete tokenizer (a crash in between leaves none, and the next attempt makes it again)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / VOCAB_FILE).write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    _write_settings(out_dir, lowercase)
-    return out_dir / VOCAB_FILE
-
-
-def _write_settings(out_dir: Path, lowercase: bool) -> None:
     settings = {"lowercase": lowercase, "normalization": "NFKC", "special_tokens": SPECIAL_TOKENS}
-    (out_dir / SETTINGS_FILE).write_text(json.dumps(settings, indent=2))
+    write_atomic(out_dir / SETTINGS_FILE, json.dumps(settings, indent=2))
+    write_atomic(out_dir / VOCAB_FILE, "".join(f"{token}\n" for token in vocab))
+    return out_dir / VOCAB_FILE
 
 
 class Tokenizer(tf.Module):
