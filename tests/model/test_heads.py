@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from trainformer.config import ModelConfig, load_config
-from trainformer.model.heads import MaskedLM, build_masked_lm
+from trainformer.model.heads import Classifier, ClassifierHead, MaskedLM, build_classifier, build_masked_lm
+from trainformer.model.layers import gelu, gelu_exact
+from test_layers import run_layer_test  # the shared layer-test helper (tests/model/test_layers.py)
 
 VOCAB, MAX_LEN, D = 200, 16, 32
 TINY = ModelConfig(d_model=D, num_layers=2, num_heads=2, dff=64, dropout=0.1)
@@ -126,7 +128,7 @@ def test_mixed_bfloat16_still_gives_float32_logits():
     assert model.encoder.get_layer("block_0").compute_dtype == "bfloat16"
 
 
-def test_zh_bert_80m_has_about_80m_parameters():
+def test_zh_bert_80m_parameters_follow_the_formula():  # ~80M on its own data: tests/test_config_sizes.py
     config = load_config("zh-bert-80m")
     model = build_masked_lm(config.model, 21128, config.data.seq_len)
     m = config.model
@@ -136,4 +138,55 @@ def test_zh_bert_80m_has_about_80m_parameters():
         + (m.d_model * m.d_model + m.d_model) + 2 * m.d_model + 21128  # head
     )
     assert model.count_params() == expected
-    assert 76_000_000 <= model.count_params() <= 84_000_000
+
+
+@pytest.mark.parametrize("activation, function", [("gelu", gelu_exact), ("gelu_tanh", gelu)])
+def test_activation_reaches_every_block_and_the_head(activation, function):
+    config = ModelConfig(d_model=D, num_layers=2, num_heads=2, dff=64, activation=activation)
+    model = build_masked_lm(config, VOCAB, MAX_LEN)
+    assert tuple(model(make_inputs(), training=False).shape) == (3, 4, VOCAB)
+    head = model.get_layer("mlm_head")
+    assert model.encoder.get_config()["activation"] == head.get_config()["activation"] == activation
+    assert head._transform.activation is function
+    for index in range(2):
+        block = model.encoder.get_layer(f"block_{index}")
+        assert block.activation == activation and block._ffn_inner.activation is function
+    revived = MaskedLM.from_config(model.get_config())  # as a .keras file rebuilds it
+    assert revived.encoder.activation == revived.get_layer("mlm_head").activation == activation
+
+
+# --- classification ---------------------------------------------------------------------------
+
+def test_classifier_head_layer_contract_and_math():
+    head = ClassifierHead(num_labels=3, dropout=0.1)
+    sequence = np.random.default_rng(5).normal(size=(2, 7, D)).astype("float32")
+    logits = run_layer_test(head, sequence, expected_shape=(2, 3))
+    assert head.get_config()["num_labels"] == 3 and head.get_config()["dropout"] == 0.1
+    assert [w.path for w in head.weights] == ["classifier_head/pooler/kernel", "classifier_head/pooler/bias",
+                                              "classifier_head/logits/kernel", "classifier_head/logits/bias"]
+    pooler_kernel, pooler_bias, kernel, bias = head.get_weights()
+    expected = np.tanh(sequence[:, 0] @ pooler_kernel + pooler_bias) @ kernel + bias  # [CLS] only
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_classifier_builds_runs_and_round_trips(tmp_path):
+    config = ModelConfig(d_model=D, num_layers=1, num_heads=2, dff=64, dropout=0.1, norm="post",
+                         position="learned", activation="gelu")
+    model = build_classifier(config, VOCAB, MAX_LEN, num_labels=4)
+    inputs = {k: v for k, v in make_inputs().items() if k != "masked_positions"}
+    logits = np.asarray(model(inputs, training=False))
+    assert logits.shape == (3, 4) and logits.dtype == "float32"
+    assert isinstance(model, Classifier) and model.head.dropout == config.dropout
+    assert model.count_params() == model.encoder.count_params() + (D * D + D) + (D * 4 + 4)
+    path = tmp_path / "c.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert isinstance(loaded, Classifier) and loaded.encoder.activation == "gelu"
+    np.testing.assert_array_equal(np.asarray(loaded(inputs, training=False)), logits)
+
+
+def test_classifier_logits_are_float32_under_mixed_bfloat16():
+    model = build_classifier(TINY, VOCAB, MAX_LEN, num_labels=2, dtype="mixed_bfloat16")
+    logits = model({k: v for k, v in make_inputs().items() if k != "masked_positions"}, training=False)
+    assert logits.dtype == "float32" and np.all(np.isfinite(np.asarray(logits)))
+    assert all(w.dtype == "float32" for w in model.weights)

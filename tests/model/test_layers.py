@@ -3,12 +3,15 @@
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from trainformer.model.layers import (
     LearnedPositionalEmbedding,
     PositionalEncoding,
     ReversibleEmbedding,
     TransformerEncoderBlock,
+    gelu,
+    gelu_exact,
 )
 
 RNG = np.random.default_rng(0)
@@ -178,3 +181,31 @@ def test_reverse_gives_float32_under_mixed_precision():
 @pytest.mark.parametrize("layer_class", [PositionalEncoding, LearnedPositionalEmbedding])
 def test_position_layers_implement_compute_output_shape(layer_class):
     assert tuple(layer_class(max_length=16).compute_output_shape((2, 10, 8))) == (2, 10, 8)
+
+
+# --- activations ----------------------------------------------------------------------------
+
+def test_exact_gelu_is_the_erf_form_and_exports_without_erfc():
+    x = np.linspace(-8, 8, 2001).astype("float32")
+    exact = np.asarray(gelu_exact(x))
+    np.testing.assert_allclose(exact, np.asarray(keras.activations.gelu(x, approximate=False)), atol=2e-6)
+    assert np.abs(exact - np.asarray(gelu(x))).max() > 1e-4  # the tanh form is another function
+    graph = tf.function(gelu_exact).get_concrete_function(tf.TensorSpec([None], tf.float32)).graph
+    ops_used = {op.type for op in graph.get_operations()}
+    assert "Erf" in ops_used and "Erfc" not in ops_used  # tf2onnx converts Erf, not Erfc (DESIGN.md)
+
+
+def test_block_activation_is_stored_and_used():
+    x = random(2, 10, 32)
+    mask = np.ones((2, 10), bool)
+    mask[1, 6:] = False
+    exact = TransformerEncoderBlock(num_heads=4, dff=64, activation="gelu")
+    out = run_layer_test(exact, x, padding_mask=mask)
+    assert exact.get_config()["activation"] == "gelu"
+    assert TransformerEncoderBlock(num_heads=4, dff=64).get_config()["activation"] == "gelu_tanh"  # the default
+    approximate = TransformerEncoderBlock(num_heads=4, dff=64, activation="gelu_tanh")
+    approximate(x, padding_mask=mask)
+    approximate.set_weights(exact.get_weights())
+    assert np.abs(np.asarray(approximate(x, padding_mask=mask)) - out).max() > 1e-5
+    with pytest.raises(ValueError, match="activation"):
+        TransformerEncoderBlock(num_heads=2, dff=8, activation="relu")

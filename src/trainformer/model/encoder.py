@@ -25,6 +25,8 @@ class TransformerEncoder(keras.Model):
         d_model, num_layers, num_heads, dff, dropout: the usual Transformer sizes.
         norm: "post" (BERT, with a LayerNorm on the embeddings) or "pre" (with a final LayerNorm).
         position: "sinusoidal" (fixed) or "learned" position vectors.
+        activation: the feed-forward GELU of every block: "gelu_tanh" (tanh approximation) or
+            "gelu" (exact, erf form: BERT's, and what an imported Hugging Face BERT uses).
 
     Inputs: {"token_ids": (batch, seq) int32, "padding_mask": (batch, seq) bool}.
     Output: (batch, seq, d_model) contextual vectors.
@@ -37,7 +39,7 @@ class TransformerEncoder(keras.Model):
 
     def __init__(self, vocab_size: int, max_length: int, d_model: int, num_layers: int,
                  num_heads: int, dff: int, dropout: float = 0.1, norm: str = "post",
-                 position: str = "sinusoidal", dtype=None, **kwargs):
+                 position: str = "sinusoidal", activation: str = "gelu_tanh", dtype=None, **kwargs):
         token_ids = keras.Input((None,), dtype="int32", name="token_ids")
         padding_mask = keras.Input((None,), dtype="bool", name="padding_mask")
         token_embedding = ReversibleEmbedding(
@@ -60,7 +62,8 @@ class TransformerEncoder(keras.Model):
             x = keras.layers.LayerNormalization(epsilon=1e-12, name="embeddings_norm", dtype=dtype)(x)
         x = keras.layers.Dropout(dropout, name="embeddings_dropout", dtype=dtype)(x)
         for index in range(num_layers):
-            block = TransformerEncoderBlock(num_heads, dff, dropout, norm, name=f"block_{index}", dtype=dtype)
+            block = TransformerEncoderBlock(num_heads, dff, dropout, norm, activation=activation,
+                                            name=f"block_{index}", dtype=dtype)
             x = block(x, padding_mask=padding_mask)
         if norm == "pre":
             x = keras.layers.LayerNormalization(epsilon=1e-12, name="final_norm", dtype=dtype)(x)
@@ -76,6 +79,7 @@ class TransformerEncoder(keras.Model):
         self.dropout = dropout
         self.norm = norm
         self.position = position
+        self.activation = activation
 
     def get_config(self):
         return {
@@ -91,6 +95,7 @@ class TransformerEncoder(keras.Model):
             "dropout": self.dropout,
             "norm": self.norm,
             "position": self.position,
+            "activation": self.activation,
         }
 
     @classmethod

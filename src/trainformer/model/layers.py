@@ -14,8 +14,26 @@ PACKAGE = "trainformer"
 
 
 def gelu(x):
-    """tanh-approximate GELU: exact GELU lowers to Erfc, which tf2onnx cannot convert."""
+    """tanh-approximate GELU (activation "gelu_tanh"; HF "gelu_new" / "gelu_pytorch_tanh")."""
     return keras.activations.gelu(x, approximate=True)
+
+
+def gelu_exact(x):
+    """Exact GELU, x * Phi(x) (activation "gelu"; HF BERT's "gelu").
+
+    Written with erf: Keras' own exact gelu lowers to Erfc, which tf2onnx cannot convert.
+    """
+    return 0.5 * x * (1.0 + ops.erf(x * (1.0 / math.sqrt(2.0))))
+
+
+ACTIVATIONS = {"gelu_tanh": gelu, "gelu": gelu_exact}
+
+
+def activation_function(name: str):
+    """The feed-forward activation of a config name (ModelConfig.activation)."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {name!r}")
+    return ACTIVATIONS[name]
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -129,6 +147,8 @@ class TransformerEncoderBlock(keras.layers.Layer):
         norm: "post" (LayerNorm after each residual add: BERT and the seed article) or "pre"
             (LayerNorm before each sublayer: more stable at high learning rates and depth).
         epsilon: LayerNorm epsilon.
+        activation: the feed-forward GELU: "gelu_tanh" (tanh approximation) or "gelu" (exact,
+            erf form: BERT's).
 
     Query, key and value come from one fused (d, 3d) projection: one matmul instead of three,
     with the same parameter count as separate ones.
@@ -140,15 +160,17 @@ class TransformerEncoderBlock(keras.layers.Layer):
     """
 
     def __init__(self, num_heads: int, dff: int, dropout: float = 0.1, norm: str = "post",
-                 epsilon: float = 1e-12, **kwargs):
+                 epsilon: float = 1e-12, activation: str = "gelu_tanh", **kwargs):
         super().__init__(**kwargs)
         if norm not in ("post", "pre"):
             raise ValueError(f"norm must be 'post' or 'pre', got {norm!r}")
+        activation_function(activation)  # a bad name fails here, not at build
         self.num_heads = num_heads
         self.dff = dff
         self.dropout = dropout
         self.norm = norm
         self.epsilon = epsilon
+        self.activation = activation
 
     def build(self, input_shape):
         d_model = input_shape[-1]
@@ -169,7 +191,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
         self._attention_output.build(input_shape)
         self._attention_norm = layer_norm("attention_norm")
         self._attention_norm.build(input_shape)
-        self._ffn_inner = dense(self.dff, "ffn_inner", activation=gelu)
+        self._ffn_inner = dense(self.dff, "ffn_inner", activation=activation_function(self.activation))
         self._ffn_inner.build(input_shape)
         self._ffn_output = dense(d_model, "ffn_output")
         self._ffn_output.build((*input_shape[:-1], self.dff))
@@ -245,4 +267,5 @@ class TransformerEncoderBlock(keras.layers.Layer):
             "dropout": self.dropout,
             "norm": self.norm,
             "epsilon": self.epsilon,
+            "activation": self.activation,
         }
