@@ -32,7 +32,8 @@ import trainformer
 from trainformer.config import load_config
 from trainformer.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
 from trainformer.ops.bench import bench, bench_run_dir
-from trainformer.train.pretrain import prepare_data
+from trainformer.tasks import load_source
+from trainformer.tasks.mlm import MaskedLMTask
 
 config = load_config(args.config, [f"train.precision={args.precision}", f"train.xla={args.xla}"])
 cache = Path(args.cache_dir)
@@ -40,10 +41,11 @@ r = bench(config, steps=args.steps, warmup=args.warmup, synthetic=not args.text,
 print(json.dumps(r), flush=True)
 
 if args.text and args.docs_out:
-    data = prepare_data(config, bench_run_dir(config, cache), say=lambda text: None)
-    ids = data.tokenizer(tf.constant(data.corpus.train))  # (documents, None) ragged
+    task = MaskedLMTask(config)
+    task.prepare(bench_run_dir(config, cache), load_source(config), say=lambda text: None)
+    ids = task.tokenizer(tf.constant(task.corpus.train))  # (documents, None) ragged
     np.savez(args.docs_out, flat=ids.flat_values.numpy(), lengths=ids.row_lengths().numpy(),
-             vocab_size=data.tokenizer.vocab_size, pad=PAD_ID, cls=CLS_ID, sep=SEP_ID, mask=MASK_ID)
+             vocab_size=task.vocab_size, pad=PAD_ID, cls=CLS_ID, sep=SEP_ID, mask=MASK_ID)
 
 mode = "text" if args.text else "synthetic"
 res = dict(

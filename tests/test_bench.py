@@ -15,9 +15,9 @@ from trainformer.config import load_config
 from trainformer.data.pipeline import pack, tokenize_documents, train_dataset
 from trainformer.ops.flops import train_flops_per_step
 from trainformer.model.layers import TransformerEncoderBlock
+from trainformer.tasks.mlm import MaskedLMTask, masked_lm_sums
 from trainformer.train.loop import Trainer
 from trainformer.train.optim import make_optimizer
-from trainformer.train.pretrain import build_model
 from trainformer.train.strategy import make_strategy
 
 KEYS = {"step_ms", "tokens_per_s", "effective_tokens_per_s", "mfu", "data_wait_pct", "num_params", "precision",
@@ -88,9 +88,11 @@ def fifty_step_losses(tokenizer, corpus) -> list[float]:
     windows = pack(tokenize_documents(tokenizer, corpus.train[:1500]), config.data.seq_len)
     strategy = make_strategy()
     with strategy.scope():
-        model = build_model(config, tokenizer.vocab_size)
+        task = MaskedLMTask(config)
+        task.vocab_size = tokenizer.vocab_size
+        model = task.build_model()
         optimizer = make_optimizer(3e-3, 5, 50, 0.01)
-    trainer = Trainer(model, optimizer, strategy, config.train)
+    trainer = Trainer(model, optimizer, strategy, config.train, masked_lm_sums)
     batches = iter(train_dataset(windows, 16, seed=7, mask_rate=0.15, vocab_size=tokenizer.vocab_size))
     losses = []
     for _ in range(50):

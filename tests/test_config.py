@@ -65,7 +65,7 @@ def test_default_is_zh_bert_tiny():
 def test_zh_bert_80m_loads_with_its_own_values():
     config = load_config("zh-bert-80m")
     assert config.name == "zh-bert-80m"
-    assert (config.model.d_model, config.model.num_layers, config.model.num_heads) == (768, 9, 12)
+    assert (config.model.d_model, config.model.num_layers, config.model.num_heads) == (768, 11, 12)
     assert config.model.dff == 3072
     assert config.model.position == "learned"
     assert config.tokenizer.vocab_size == 21128

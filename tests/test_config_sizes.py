@@ -3,7 +3,7 @@
 from trainformer.config import load_config
 from trainformer.data.corpus import load_corpus
 from trainformer.data.tokenizer import Tokenizer, train_vocab
-from trainformer.train.pretrain import build_model
+from trainformer.tasks.mlm import MaskedLMTask
 
 
 def test_zh_bert_80m_has_80m_parameters_on_its_built_in_corpus(tmp_path):
@@ -14,6 +14,7 @@ def test_zh_bert_80m_has_80m_parameters_on_its_built_in_corpus(tmp_path):
     corpus = load_corpus(config.data.corpus, config.data.valid_fraction)
     tok = config.tokenizer
     train_vocab(corpus.train, tmp_path, tok.vocab_size, tok.min_frequency, tok.lowercase)
-    vocab_size = Tokenizer.load(tmp_path).vocab_size
-    num_params = build_model(config, vocab_size).count_params()
+    task = MaskedLMTask(config)
+    task.vocab_size = vocab_size = Tokenizer.load(tmp_path).vocab_size
+    num_params = task.build_model().count_params()
     assert 76_000_000 <= num_params <= 84_000_000, f"{num_params:,} parameters with {vocab_size:,} tokens"

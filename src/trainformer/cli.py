@@ -39,11 +39,23 @@ def parser() -> argparse.ArgumentParser:
 
     evaluate = verb("eval", help="score a run's checkpoint on held-out data")
     evaluate.add_argument("run_dir", type=Path, help="a run directory written by train")
-    evaluate.add_argument("--split", choices=("valid", "train"), default="valid",
-                          help="held-out windows (default) or the training windows")
+    evaluate.add_argument("--split", choices=("valid", "test", "train"), default="valid",
+                          help="held-out data (default), the test split of a classify run, or the training data")
     evaluate.add_argument("--checkpoint", choices=("latest", "best"), default="latest",
                           help="the newest checkpoint (default) or the one with the lowest valid loss")
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
+
+    predict = verb("predict", help="answer texts with a run's model: a label (classify) or [MASK] fills (mlm)")
+    predict.add_argument("run_dir", type=Path, help="a run directory written by train (or import hf)")
+    predict.add_argument("texts", nargs="*", metavar="TEXT", help="texts to answer (default: lines on stdin)")
+    predict.add_argument("--checkpoint", choices=("latest", "best"), default="latest",
+                         help="the newest checkpoint (default) or the one with the lowest valid loss")
+
+    importer = verb("import", help="turn another framework's checkpoint into a run directory")
+    importer.add_argument("format", choices=("hf",), help="hf: a Hugging Face BERT folder (config.json, "
+                                                          "model.safetensors, vocab.txt)")
+    importer.add_argument("hf_dir", type=Path, metavar="HF_DIR")
+    importer.add_argument("--run-dir", type=Path, required=True, help="the run directory to write (new or empty)")
 
     bench = verb("bench", help="time a config's training step: tokens/s, MFU, data-wait")
     bench.add_argument("config", nargs="?", help="YAML file or built-in name, as for train")
@@ -105,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         from trainformer.data.recipes import RECIPES
 
         for recipe in RECIPES.values():
-            print(f"{recipe.name:20s} {recipe.description}")
+            print(f"{recipe.name:22s} {recipe.description}")
         return 0
 
     from trainformer.config import load_config
@@ -136,15 +148,43 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result) if args.json else format_result(result))
         return 0
 
-    from trainformer.train.pretrain import evaluate
+    if args.verb == "predict":
+        from trainformer.train.inference import predictor
+
+        answer = predictor(args.run_dir, which=args.checkpoint)
+        for chunk in text_chunks(args.texts or (line.rstrip("\n") for line in sys.stdin)):
+            for result in answer(chunk):
+                print(json.dumps(result, ensure_ascii=False), flush=True)
+        return 0
+
+    if args.verb == "import":
+        from trainformer.hf_import import import_hf_bert
+
+        import_hf_bert(args.hf_dir, args.run_dir)
+        return 0
+
+    from trainformer.train.inference import evaluate
 
     result = evaluate(args.run_dir, split=args.split, which=args.checkpoint)
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(result, ensure_ascii=False))
     else:
         for key, value in result.items():
             print(f"{key:18s} {value:.4f}" if isinstance(value, float) else f"{key:18s} {value}")
     return 0
+
+
+def text_chunks(texts, size: int = 64):
+    """Lists of up to size non-empty texts: predict answers a stream of lines as it comes."""
+    chunk = []
+    for text in texts:
+        if text.strip():
+            chunk.append(text)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 if __name__ == "__main__":

@@ -39,6 +39,9 @@ class ModelConfig:
     dropout: float = 0.0
     norm: str = "pre"  # post: LayerNorm after each residual (BERT, the seeds); pre: before
     position: str = "sinusoidal"  # sinusoidal | learned
+    activation: str = "gelu_tanh"  # feed-forward GELU: gelu_tanh (approximate) | gelu (exact, erf: BERT's)
+    max_length: int = 0  # positions the model holds; 0: data.seq_len (an imported BERT keeps its 512)
+    init_from: str = ""  # a run directory whose encoder (weights and vocabulary) this run starts from
 
 
 @dataclass
@@ -46,6 +49,7 @@ class DataConfig:
     corpus: str = "people-daily-1998"  # a recipe name (trainformer data list) or a .txt/.jsonl path
     seq_len: int = 64
     valid_fraction: float = 0.05
+    test_fraction: float = 0.0  # classify: share held out for the final test score (never used in training)
     mask_rate: float = 0.15
 
 
@@ -86,8 +90,14 @@ class RuntimeConfig:
 
 
 @dataclass
+class TaskConfig:
+    type: str = "mlm"  # mlm (masked-LM pretraining) | classify (text -> label)
+
+
+@dataclass
 class ExperimentConfig:
     name: str = DEFAULT_CONFIG
+    task: TaskConfig = field(default_factory=TaskConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -102,7 +112,9 @@ class ExperimentConfig:
 
 
 CHOICES = {
+    "task.type": ("mlm", "classify"),
     "model.norm": ("post", "pre"),
+    "model.activation": ("gelu_tanh", "gelu"),
     "model.position": ("sinusoidal", "learned"),
     "train.precision": ("fp32", "bf16", "fp16"),
     "train.xla": ("auto", "on", "off"),
@@ -224,11 +236,18 @@ def validate(config: ExperimentConfig, origin: str) -> None:
         raise ConfigError(f"{origin}: model.d_model: sinusoidal positions need an even size, got {m.d_model}")
     ranges = {
         "model.dropout": (m.dropout, 0.0, 1.0), "data.valid_fraction": (d.valid_fraction, 0.0, 1.0),
-        "data.mask_rate": (d.mask_rate, 0.0, 1.0),
+        "data.mask_rate": (d.mask_rate, 0.0, 1.0), "data.test_fraction": (d.test_fraction, 0.0, 1.0),
     }
     for key, (value, low, high) in ranges.items():
-        if not low <= value < high or (key != "model.dropout" and value == 0):
+        if not low <= value < high or (key not in ("model.dropout", "data.test_fraction") and value == 0):
             raise ConfigError(f"{origin}: {key}: must be in ({low}, {high}), got {value}")
+    if d.valid_fraction + d.test_fraction >= 1:
+        raise ConfigError(f"{origin}: data.test_fraction: with data.valid_fraction it must leave data to train on, "
+                          f"got {d.valid_fraction} + {d.test_fraction}")
+    if m.max_length and m.max_length < d.seq_len:
+        raise ConfigError(f"{origin}: model.max_length: {m.max_length} positions cannot hold data.seq_len={d.seq_len}")
+    if m.max_length < 0:
+        raise ConfigError(f"{origin}: model.max_length: must be >= 0 (0: data.seq_len), got {m.max_length}")
     if d.seq_len < 8:
         raise ConfigError(f"{origin}: data.seq_len: must be >= 8, got {d.seq_len}")
     if t.warmup_steps < 0:  # more than train.steps is capped at train.steps (a short trial run)
@@ -258,7 +277,7 @@ def _build(cls: type, raw: Any, origin: str, prefix: str) -> Any:
 def _field_types(cls: type) -> dict[str, type]:
     hints = {"int": int, "float": float, "str": str, "bool": bool}
     nested = {
-        "ModelConfig": ModelConfig, "DataConfig": DataConfig,
+        "TaskConfig": TaskConfig, "ModelConfig": ModelConfig, "DataConfig": DataConfig,
         "TokenizerConfig": TokenizerConfig, "TrainConfig": TrainConfig, "RuntimeConfig": RuntimeConfig,
     }
     return {f.name: hints.get(f.type) or nested[f.type] for f in dataclasses.fields(cls)}

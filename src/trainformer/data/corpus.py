@@ -31,6 +31,10 @@ class Corpus:
     fingerprint: str = ""  # sha256 of the cleaned documents, in order
 
     @property
+    def num_examples(self) -> int:
+        return len(self.train) + len(self.valid)
+
+    @property
     def num_chars(self) -> int:
         return sum(map(len, self.train)) + sum(map(len, self.valid))
 

@@ -60,6 +60,10 @@ class LabelledCorpus:
     skipped: Counter = field(default_factory=Counter)  # reason -> lines dropped
     fingerprint: str = ""  # sha256 of the three splits (split, label, text), in order
 
+    @property
+    def num_examples(self) -> int:
+        return len(self.train) + len(self.valid) + len(self.test)
+
     def class_counts(self) -> dict[str, dict[str, int]]:
         """{split: {label: examples}}, every label present in every non-empty split."""
         counts = {}

@@ -177,7 +177,8 @@ def distribute(strategy: tf.distribute.Strategy, global_batches: tf.data.Dataset
         first = context.input_pipeline_id * local
 
         def rows_of_local_replicas(tensor: tf.Tensor) -> tf.Tensor:  # (b, ...) -> (local, b/R, ...)
-            per_replica = tf.reshape(tensor, [replicas, tensor.shape[0] // replicas, *tensor.shape[1:]])
+            rows = tensor.shape[0] // replicas  # static; later dims may vary (length-bucketed batches)
+            per_replica = tf.reshape(tensor, tf.concat([[replicas, rows], tf.shape(tensor)[1:]], axis=0))
             return per_replica[first : first + local]
 
         split = lambda *batch: tf.nest.map_structure(rows_of_local_replicas, batch)  # noqa: E731

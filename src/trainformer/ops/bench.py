@@ -24,13 +24,15 @@ import keras
 import tensorflow as tf
 
 from trainformer.config import ExperimentConfig
-from trainformer.data.pipeline import NUM_SPECIAL, distribute, mask_batch, split_targets, train_dataset
+from trainformer.data.pipeline import NUM_SPECIAL, distribute, mask_batch, split_targets
 from trainformer.errors import UserError
 from trainformer.ops.flops import train_flops_per_step
 from trainformer.ops.peak import matmul_gflops
+from trainformer.tasks import load_source, task_for
+from trainformer.tasks.mlm import MaskedLMTask
 from trainformer.train.loop import Trainer
-from trainformer.train.pretrain import build_trainer, prepare_data
 from trainformer.train.run_dir import RunDir
+from trainformer.train.session import build_trainer
 from trainformer.train.strategy import configure_devices, describe_devices, make_strategy
 
 SYNTHETIC_BATCHES = 8  # distinct batches replayed: enough that no step sees the same masks twice in a row
@@ -45,12 +47,18 @@ def bench(config: ExperimentConfig, steps: int = 20, warmup: int = 3, synthetic:
     train_cfg = config.train
     keras.utils.set_random_seed(train_cfg.seed)
     if synthetic:
-        vocab_size = config.tokenizer.vocab_size
-        dataset = synthetic_dataset(vocab_size, config)
+        if config.task.type != "mlm":
+            raise UserError("--synthetic: random masked ids are for masked-LM configs; bench a "
+                            f"{config.task.type} config on its data (without --synthetic)")
+        task = MaskedLMTask(config)  # vocab_size: tokenizer.vocab_size
+        dataset = synthetic_dataset(task.vocab_size, config)
     else:
-        dataset, vocab_size = real_text_dataset(config, cache_dir or Path("runs") / f"bench-{config.name}", say)
+        task = task_for(config)
+        task.prepare(bench_run_dir(config, cache_dir or Path("runs") / f"bench-{config.name}"), load_source(config), say)
+        dataset = task.train_batches(0)
+    vocab_size = task.vocab_size
 
-    trainer, batches = make_trainer(config, vocab_size, dataset)
+    trainer, batches = make_trainer(config, task, dataset)
     batches = NonPadCounter(batches)
     model = trainer.model
     say(f"bench: {config.name}, {model.count_params():,} parameters, {train_cfg.precision}, "
@@ -63,11 +71,11 @@ def bench(config: ExperimentConfig, steps: int = 20, warmup: int = 3, synthetic:
     return summarize(config, vocab_size, model.count_params(), timing, peaks, synthetic)
 
 
-def make_trainer(config: ExperimentConfig, vocab_size: int, dataset: tf.data.Dataset) -> tuple[Trainer, object]:
+def make_trainer(config: ExperimentConfig, task, dataset: tf.data.Dataset) -> tuple[Trainer, object]:
     """The model, optimizer and Trainer `train` would build for config (on one device), and an
     iterator over dataset distributed the way `train` distributes it."""
     strategy = make_strategy()
-    return build_trainer(config, vocab_size, strategy), iter(distribute(strategy, dataset))
+    return build_trainer(config, task, strategy), iter(distribute(strategy, dataset))
 
 
 def synthetic_dataset(vocab_size: int, config: ExperimentConfig) -> tf.data.Dataset:
@@ -83,16 +91,6 @@ def synthetic_dataset(vocab_size: int, config: ExperimentConfig) -> tf.data.Data
                                         config.data.mask_rate, vocab_size))
 
     return tf.data.Dataset.range(SYNTHETIC_BATCHES).map(masked).cache().repeat().prefetch(2)
-
-
-def real_text_dataset(config: ExperimentConfig, cache_dir: Path, say) -> tuple[tf.data.Dataset, int]:
-    """The training pipeline on the config's corpus. Vocabulary and token cache live under
-    cache_dir in a folder keyed by the settings that determine them, so changing a --set
-    never reuses a stale vocabulary and a bench never writes into a training run."""
-    data = prepare_data(config, bench_run_dir(config, cache_dir), say)
-    t = config.train
-    return train_dataset(data.train_windows, t.batch_size, t.seed, config.data.mask_rate,
-                         data.tokenizer.vocab_size), data.tokenizer.vocab_size
 
 
 def bench_run_dir(config: ExperimentConfig, cache_dir: Path) -> RunDir:
@@ -116,7 +114,7 @@ class NonPadCounter:
 
     def __init__(self, iterator):
         self.iterator = iterator
-        self.masks: list[tf.Tensor] = []  # (batch, seq) bool each
+        self.masks: list[tf.Tensor] = []  # (batch, seq) bool each: seq varies with length buckets
 
     def __iter__(self):
         return self
@@ -126,11 +124,12 @@ class NonPadCounter:
         self.masks.append(inputs["padding_mask"])
         return inputs, targets
 
-    def take(self) -> int:
-        """Real tokens in the batches fetched since the last take()."""
-        total = sum(int(tf.math.count_nonzero(mask)) for mask in self.masks)
+    def take(self) -> tuple[int, int]:
+        """(real tokens, padded tokens) in the batches fetched since the last take()."""
+        real = sum(int(tf.math.count_nonzero(mask)) for mask in self.masks)
+        padded = sum(int(tf.size(mask)) for mask in self.masks)
         self.masks = []
-        return total
+        return real, padded
 
 
 def time_steps(trainer: Trainer, batches: NonPadCounter, warmup: int, steps: int) -> dict:
@@ -153,7 +152,7 @@ def time_steps(trainer: Trainer, batches: NonPadCounter, warmup: int, steps: int
     own = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     return {
         "step_s": sorted(step_s), "wait_s": sum(wait_s), "first_step_s": first_step_s,
-        "nonpad_tokens": batches.take(), "own_cores": own / wall,
+        "tokens": batches.take(), "own_cores": own / wall,
         "other_cores": max(0.0, machine_busy_s() - busy0 - own) / wall,
     }
 
@@ -173,9 +172,11 @@ def summarize(config: ExperimentConfig, vocab_size: int, num_params: int, timing
               synthetic: bool) -> dict:
     step_s = timing["step_s"]
     median = statistics.median(step_s)
-    batch, seq_len = config.train.batch_size * config.train.accumulate, config.data.seq_len
-    steps = len(step_s)
-    flops = train_flops_per_step(config.model, vocab_size, batch, seq_len, config.data.mask_rate)
+    batch, steps = config.train.batch_size * config.train.accumulate, len(step_s)
+    real, padded = timing["tokens"]
+    seq_len = padded / (steps * batch)  # data.seq_len, or the mean padded length of length-bucketed batches
+    head_share = config.data.mask_rate if config.task.type == "mlm" else 0.0  # a classifier head is negligible
+    flops = train_flops_per_step(config.model, vocab_size, batch, round(seq_len), head_share)
     peak = peaks.get(config.train.precision) or peaks["fp32"]
     return {
         "config": config.name,
@@ -184,14 +185,15 @@ def summarize(config: ExperimentConfig, vocab_size: int, num_params: int, timing
         "num_params": num_params,
         "vocab_size": vocab_size,
         "batch_size": batch,
-        "seq_len": seq_len,
+        "seq_len": round(seq_len, 1),
         "steps": steps,
         "step_ms": round(1e3 * median, 2),
         "step_ms_p10": round(1e3 * step_s[int(0.1 * (steps - 1))], 2),
         "step_ms_p90": round(1e3 * step_s[round(0.9 * (steps - 1))], 2),
-        "tokens_per_s": round(batch * seq_len / median, 1),
+        "tokens_per_s": round(padded / steps / median, 1),
         # non-pad share of the timed steps' tokens, at the median step time
-        "effective_tokens_per_s": round(timing["nonpad_tokens"] / steps / median, 1),
+        "effective_tokens_per_s": round(real / steps / median, 1),
+        "examples_per_s": round(batch / median, 1),
         "model_gflop_per_step": round(flops / 1e9, 3),
         "achieved_gflops": round(flops / median / 1e9, 2),
         "peak_gflops": {k: (round(v, 1) if v else None) for k, v in peaks.items()},
@@ -220,7 +222,8 @@ def format_result(r: dict) -> str:
     return "\n".join([
         f"step          {r['step_ms']:.1f} ms median (p10 {r['step_ms_p10']:.1f}, p90 {r['step_ms_p90']:.1f}) "
         f"over {r['steps']} steps of {r['batch_size']} x {r['seq_len']}",
-        f"tokens/s      {r['tokens_per_s']:,.0f} padded, {r['effective_tokens_per_s']:,.0f} effective (non-pad)",
+        f"tokens/s      {r['tokens_per_s']:,.0f} padded, {r['effective_tokens_per_s']:,.0f} effective (non-pad); "
+        f"{r['examples_per_s']:,.1f} examples/s",
         f"MFU           {r['mfu']:.1%} ({r['achieved_gflops']:.1f} GFLOP/s of {r['model_gflop_per_step']:.2f} "
         f"GFLOP/step; matmul peak GFLOP/s: {peaks})",
         f"data-wait     {r['data_wait_pct']:.2f}% of step time",

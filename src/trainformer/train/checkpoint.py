@@ -96,3 +96,24 @@ def restore_model(model: keras.Model, path: str) -> int:
     step = tf.Variable(0, dtype=tf.int64)
     tf.train.Checkpoint(model=model, step=step).restore(path).expect_partial()
     return int(step.numpy())
+
+
+def restore_pretrained(model: keras.Model, folder: Path) -> str:
+    """Start model's encoder from the latest checkpoint in folder (a pretraining run, or a
+    BERT imported with `trainformer import hf`, whose pooler also starts a classifier's head);
+    the rest of the head stays freshly initialised. Returns the checkpoint's path."""
+    path = tf.train.latest_checkpoint(str(folder))
+    if path is None:
+        raise UserError(f"model.init_from: {folder.parent}: no checkpoint to start from")
+    parts = {"model": tf.train.Checkpoint(encoder=model.encoder)}
+    saved = {name for name, _ in tf.train.list_variables(path)}
+    pooler = getattr(getattr(model, "head", None), "pooler", None)
+    if pooler is not None and any(name.startswith("pooler/") for name in saved):
+        parts["pooler"] = pooler  # an imported BERT's pooler: the classifier head's first layer
+    source = tf.train.Checkpoint(**parts)
+    try:
+        source.restore(path).assert_existing_objects_matched()
+    except (AssertionError, ValueError, tf.errors.OpError) as err:
+        reason = (str(err).strip().splitlines() or [""])[0][:200]
+        raise UserError(f"model.init_from: {path}: its encoder does not fit this model ({reason})") from None
+    return path

@@ -6,8 +6,8 @@ mid-epoch (DESIGN.md), so the loop is ours: step -> log -> eval -> checkpoint.
 
 from __future__ import annotations
 
-import math
 import time
+from typing import Callable
 
 import keras
 import tensorflow as tf
@@ -23,21 +23,6 @@ from trainformer.train.strategy import count_votes, is_multi_worker
 SUM = tf.distribute.ReduceOp.SUM
 MEAN = tf.distribute.ReduceOp.MEAN
 MAX_ROLLBACKS = 3  # to one checkpoint in a row: then the run stops, as with train.on_nan=stop
-
-
-def masked_lm_sums(logits: tf.Tensor, targets: dict) -> dict[str, tf.Tensor]:
-    """Per-token cross-entropy and accuracy on masked positions, as sums.
-
-    logits: (batch, P, vocab) float32; targets: masked_ids (batch, P), masked_weights (batch, P).
-    """
-    weights = targets["masked_weights"]
-    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(targets["masked_ids"], logits)  # (batch, P)
-    hits = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), targets["masked_ids"]), tf.float32)
-    return {
-        "loss_sum": tf.reduce_sum(losses * weights),
-        "correct": tf.reduce_sum(hits * weights),
-        "count": tf.reduce_sum(weights),
-    }
 
 
 class NonFiniteGradients(TrainingError):
@@ -63,49 +48,14 @@ def use_xla(setting: str) -> bool:
     return setting == "on"
 
 
-class Evaluator:
-    """Scores a model on fixed cloze-masked batches.
-
-    Example:
-        metrics = Evaluator(model)(batches, baseline_id)  # loss, perplexity, masked_accuracy, ...
-    """
-
-    def __init__(self, model: keras.Model):
-        self.model = model
-        self._step = tf.function(self._sums, reduce_retracing=True)
-
-    def _sums(self, inputs: dict, targets: dict, baseline_id: tf.Tensor) -> dict:
-        logits = self.model(inputs, training=False)
-        sums = masked_lm_sums(logits, targets)
-        baseline_hits = tf.cast(tf.equal(targets["masked_ids"], baseline_id), tf.float32)
-        return {**sums, "baseline_correct": tf.reduce_sum(baseline_hits * targets["masked_weights"])}
-
-    def __call__(self, batches: list, baseline_id: int) -> dict:
-        """Loss, perplexity and masked accuracy, and the accuracy of always predicting the
-        most frequent training token on the same targets."""
-        totals: dict[str, float] = {}
-        for inputs, targets in batches:
-            sums = self._step(inputs, targets, tf.constant(baseline_id, tf.int32))
-            for key, value in sums.items():
-                totals[key] = totals.get(key, 0.0) + float(value)
-        count = max(totals["count"], 1.0)
-        loss = totals["loss_sum"] / count
-        return {
-            "loss": loss,
-            "perplexity": math.exp(min(loss, 50.0)),
-            "masked_accuracy": totals["correct"] / count,
-            "baseline_accuracy": totals["baseline_correct"] / count,
-            "num_targets": int(totals["count"]),
-        }
-
-
 class Trainer:
-    """Trains a masked-LM model with AdamW, global-norm clipping and dense embedding gradients,
-    optionally accumulating gradients over several micro-batches per update, on any
-    tf.distribute strategy.
+    """Trains a model with AdamW and global-norm clipping, optionally accumulating gradients
+    over several micro-batches per update, on any tf.distribute strategy, for any task.
 
-    One update: every replica sums the gradients of its rows of the micro-batches; the sums
-    are all-reduced, divided by the number of masked tokens of the whole update and clipped
+    The task's `loss_sums(outputs, targets)` returns the summed loss of a batch with its
+    `count` (masked tokens, examples) and `correct` predictions. One update: every replica sums
+    the gradients of its rows of the micro-batches; the sums are all-reduced, divided by the
+    count of the whole update and clipped
     by their global norm, so N replicas compute the one-device update of the same global
     batch. An update with a non-finite gradient is skipped (weights and checkpoints stay
     finite): under fp16 the loss scale shrinks and training goes on; otherwise fit() stops or
@@ -115,8 +65,10 @@ class Trainer:
     """
 
     def __init__(self, model: keras.Model, optimizer: keras.Optimizer, strategy: tf.distribute.Strategy,
-                 config: TrainConfig):
+                 config: TrainConfig, loss_sums: Callable[[tf.Tensor, dict], dict], accuracy_name: str = "accuracy"):
         self.model = model
+        self.loss_sums = loss_sums
+        self.accuracy_name = accuracy_name  # the key its accuracy is logged under, e.g. masked_accuracy
         self.optimizer = optimizer
         self.strategy = strategy
         self.config = config
@@ -134,9 +86,11 @@ class Trainer:
         # there are several replicas: the update is compiled on one device only.
         single = strategy.num_replicas_in_sync == 1
         self._apply = tf.function(self._replica_apply, jit_compile=jit) if single else self._replica_apply
+        # One trace per batch width (length-bucketed batches come in a few): not reduce_retracing,
+        # whose shape-generic trace would make a batch's kernels depend on which widths came
+        # first in this process, and a resumed run differ from an uninterrupted one in the last bits.
         self._train_step = tf.function(self._distributed_train_step)
         self._rollbacks: dict[str | None, int] = {}  # rollbacks in a row to one checkpoint
-        self.evaluate = Evaluator(model)
 
     def checkpoint_objects(self) -> dict:
         """Everything a checkpoint must hold for an exact resume."""
@@ -149,10 +103,10 @@ class Trainer:
         return int(self.step.numpy()) * self.config.accumulate + int(self.data_offset.numpy())
 
     def _replica_gradients(self, inputs: dict, targets: dict) -> tuple[list, dict]:
-        """Gradients of the *summed* masked-token loss of one micro-batch (normalised later, once
-        the number of masked tokens of the whole update is known), and the loss/accuracy sums."""
+        """Gradients of the *summed* loss of one micro-batch (normalised later, once the count
+        of the whole update is known), and the loss/accuracy sums."""
         with tf.GradientTape() as tape:
-            sums = masked_lm_sums(self.model(inputs, training=True), targets)
+            sums = self.loss_sums(self.model(inputs, training=True), targets)
             loss = sums["loss_sum"] * self.loss_scale.scale if self.loss_scale else sums["loss_sum"]
         return dense_gradients(tape.gradient(loss, self.model.trainable_variables)), sums
 
@@ -205,21 +159,22 @@ class Trainer:
         sums = {k: self.strategy.reduce(SUM, v, axis=None) for k, v in results.items()}
         return {**sums, "grad_norm": grad_norm, "nonfinite": nonfinite}
 
-    def fit(self, batches_from, eval_batches: list, baseline_id: int, monitor: Monitor,
-            checkpoints: Checkpoints, on_eval=None) -> dict | None:
+    def fit(self, batches_from, evaluate: Callable[[], dict], monitor: Monitor, checkpoints: Checkpoints,
+            on_eval=None) -> dict | None:
         """Train from the current step to config.steps, logging, evaluating and checkpointing.
 
         batches_from(n) returns an iterator over the training batches from batch number n on
-        (a rollback starts a new one); on_eval(monitor, step) runs after each eval (e.g. to
-        draw attention maps). Returns the last eval's metrics (None when there was
+        (a rollback starts a new one); evaluate() returns held-out metrics with a "loss";
+        on_eval(monitor, step, metrics) runs after each eval (e.g. to draw attention maps).
+        Returns the last eval's metrics (None when there was
         nothing to train). On SIGTERM or Ctrl-C it finishes the current step, saves a
         checkpoint and returns; `stopped_by` then names the signal.
         """
         self.stopped_by = None
         with StopRequest() as stop:
-            return self._fit(batches_from, eval_batches, baseline_id, monitor, checkpoints, on_eval, stop)
+            return self._fit(batches_from, evaluate, monitor, checkpoints, on_eval, stop)
 
-    def _fit(self, batches_from, eval_batches, baseline_id, monitor, checkpoints, on_eval, stop) -> dict | None:
+    def _fit(self, batches_from, evaluate, monitor, checkpoints, on_eval, stop) -> dict | None:
         config = self.config
         step = int(self.step.numpy())
         iterator = batches_from(self.next_batch())
@@ -249,10 +204,10 @@ class Trainer:
                 totals = {}
             if step % config.eval_every == 0 or last:
                 with monitor.not_training():
-                    metrics = self.evaluate(eval_batches, baseline_id)
+                    metrics = evaluate()
                     monitor.log_eval(step, metrics)
                     if on_eval:
-                        on_eval(monitor, step)
+                        on_eval(monitor, step, metrics)
                     if checkpoints.save_if_best(step, metrics["loss"]):
                         monitor.say(f"  new best valid loss: saved {checkpoints.best.latest_checkpoint}")
             if step % config.checkpoint_every == 0 or last:
@@ -301,7 +256,7 @@ class Trainer:
         count = max(float(totals["count"]), 1.0)
         metrics = {
             "loss": float(totals["loss_sum"]) / count,
-            "masked_accuracy": float(totals["correct"]) / count,
+            self.accuracy_name: float(totals["correct"]) / count,
             "grad_norm": float(totals["grad_norm"]) / totals["steps"],
             "learning_rate": float(self.optimizer.learning_rate),  # the next step's
         }

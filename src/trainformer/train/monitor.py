@@ -36,13 +36,16 @@ class Monitor:
     """Writes every logged step and eval to metrics.jsonl (one JSON object per line, appended,
     flushed per line) and TensorBoard (logs/train, logs/valid), and prints a progress line."""
 
-    def __init__(self, metrics_file: Path, logs_dir: Path, total_steps: int, tokens_per_step: int, out=sys.stdout,
-                 exporter=None, start_step: int = 0):
+    def __init__(self, metrics_file: Path, logs_dir: Path, total_steps: int, items_per_step: int, out=sys.stdout,
+                 exporter=None, start_step: int = 0, unit: str = "tok", eval_line=None):
         self.metrics_file = metrics_file
         keep_records_until(metrics_file, start_step)
         self.logs_dir = logs_dir
         self.total_steps = total_steps
-        self.tokens_per_step = tokens_per_step
+        self.items_per_step = items_per_step  # tokens (unit "tok") or examples ("ex") per step
+        self.rate_key = "tokens_per_s" if unit == "tok" else "examples_per_s"
+        self.unit = unit
+        self.eval_line = eval_line or (lambda metrics: f"loss {metrics['loss']:.4f}")
         self.out = out
         self.exporter = exporter  # e.g. a PrometheusExporter; gets every logged metric
         self._writers: dict[str, tf.summary.SummaryWriter] = {}
@@ -67,25 +70,24 @@ class Monitor:
         elapsed = time.perf_counter() - self._interval_start - self._interval_excluded
         steps_per_s = self._interval_steps / max(elapsed, 1e-9)
         data_wait_pct = 100.0 * self._interval_data_wait / max(elapsed, 1e-9)
-        metrics = {**metrics, "tokens_per_s": steps_per_s * self.tokens_per_step, "data_wait_pct": data_wait_pct}
+        metrics = {**metrics, self.rate_key: steps_per_s * self.items_per_step, "data_wait_pct": data_wait_pct}
         self._interval_start, self._interval_steps = time.perf_counter(), 0
         self._interval_excluded = self._interval_data_wait = 0.0
         self._write("train", step, metrics)
         eta = format_duration((self.total_steps - step) / max(steps_per_s, 1e-9))
+        accuracy = next(key for key in metrics if key.endswith("accuracy"))  # e.g. masked_accuracy
+        label = accuracy.replace("_accuracy", " acc").replace("accuracy", "acc")
         self.say(
             f"step {step:>{len(str(self.total_steps))}}/{self.total_steps}  loss {metrics['loss']:.4f}  "
-            f"masked acc {metrics['masked_accuracy']:6.2%}  lr {metrics['learning_rate']:.2e}  "
-            f"|g| {metrics['grad_norm']:.2f}  {metrics['tokens_per_s']:,.0f} tok/s  "
+            f"{label} {metrics[accuracy]:6.2%}  lr {metrics['learning_rate']:.2e}  "
+            f"|g| {metrics['grad_norm']:.2f}  {metrics[self.rate_key]:,.0f} {self.unit}/s  "
             f"data-wait {metrics['data_wait_pct']:.1f}%  ETA {eta}"
             + (f"  scale {metrics['loss_scale']:.0f} skipped {metrics['skipped_steps']}" if "loss_scale" in metrics else "")
         )
 
     def log_eval(self, step: int, metrics: dict) -> None:
         self._write("valid", step, metrics)
-        self.say(
-            f"  valid @ {step}: loss {metrics['loss']:.4f}  ppl {metrics['perplexity']:.1f}  "
-            f"masked acc {metrics['masked_accuracy']:.2%} (baseline {metrics['baseline_accuracy']:.2%})"
-        )
+        self.say(f"  valid @ {step}: {self.eval_line(metrics)}")
 
     def log_image(self, step: int, name: str, image) -> None:
         """Write one image, (1, H, W, 3 or 4) uint8, to the valid TensorBoard log at step."""
@@ -106,7 +108,8 @@ class Monitor:
         self.record({"split": split, "step": step, "time": time.time(), **metrics})
         with self.writer(split).as_default(step=step):
             for name, value in metrics.items():
-                tf.summary.scalar(name, value)
+                if isinstance(value, (int, float)):  # per-class tables and matrices: metrics.jsonl only
+                    tf.summary.scalar(name, value)
         self.writer(split).flush()
         if self.exporter:
             self.exporter.update(split, step, metrics)

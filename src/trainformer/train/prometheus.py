@@ -15,9 +15,11 @@ from prometheus_client.core import GaugeMetricFamily
 from trainformer.errors import UserError
 
 TRAIN_GAUGES = {  # metric key in the Monitor -> (Prometheus name, help)
-    "loss": ("trainformer_train_loss", "mean masked-LM loss over the last logging interval"),
+    "loss": ("trainformer_train_loss", "mean training loss over the last logging interval"),
     "masked_accuracy": ("trainformer_train_masked_accuracy", "masked-token accuracy over the last interval"),
+    "accuracy": ("trainformer_train_accuracy", "classification accuracy over the last interval"),
     "tokens_per_s": ("trainformer_tokens_per_second", "training throughput over the last interval"),
+    "examples_per_s": ("trainformer_examples_per_second", "training throughput over the last interval"),
     "data_wait_pct": ("trainformer_data_wait_percent", "share of step time spent waiting for input"),
     "learning_rate": ("trainformer_learning_rate", "learning rate of the next step"),
     "grad_norm": ("trainformer_grad_norm", "mean global gradient norm (before clipping)"),
@@ -25,8 +27,10 @@ TRAIN_GAUGES = {  # metric key in the Monitor -> (Prometheus name, help)
     "skipped_steps": ("trainformer_skipped_steps", "fp16 steps skipped for non-finite gradients"),
 }
 VALID_GAUGES = {
-    "loss": ("trainformer_valid_loss", "held-out masked-LM loss"),
+    "loss": ("trainformer_valid_loss", "held-out loss"),
     "masked_accuracy": ("trainformer_valid_masked_accuracy", "held-out cloze masked-token accuracy"),
+    "accuracy": ("trainformer_valid_accuracy", "held-out classification accuracy"),
+    "macro_f1": ("trainformer_valid_macro_f1", "held-out classification macro-F1"),
 }
 
 

@@ -27,8 +27,10 @@ RESUMABLE_CHANGES = {
     "train.attention_layer",  # only what TensorBoard draws
     "train.on_nan", "train.strategy", "runtime.memory_growth", "runtime.cpu_devices",  # e.g. resume on other hardware
 }
+# The encoder's shape: a run started from another (model.init_from) must match it on these.
+ENCODER_KEYS = ("d_model", "num_layers", "num_heads", "dff", "norm", "position", "activation")
 # What decides the vocabulary: a run that changes them before its first checkpoint trains a new one.
-VOCABULARY_KEYS = ("data.corpus", "data.valid_fraction", "tokenizer.")
+VOCABULARY_KEYS = ("data.corpus", "data.valid_fraction", "tokenizer.", "model.init_from")
 PACKAGES = ("trainformer", "tensorflow", "tensorflow-text", "keras", "tokenizers", "numpy", "tensorboard", "snownlp")
 
 
@@ -67,6 +69,9 @@ class RunDir:
         """A run with a checkpoint resumes only with its own config, bar RESUMABLE_CHANGES."""
         if not self.has_checkpoint() or not self.config_file.is_file():
             return
+        if self.read_manifest().get("imported_from"):
+            raise UserError(f"{self.root}: an imported checkpoint, not a training run; start a run from it: "
+                            f"trainformer train CONFIG --set model.init_from={self.root}")
         for key, (old, new) in self.differences(config).items():
             if key not in RESUMABLE_CHANGES:
                 raise UserError(
@@ -78,12 +83,35 @@ class RunDir:
         """The data a run trains on is part of the run: a corpus changed under it is refused."""
         data = self.read_manifest().get("data", {}) if self.has_checkpoint() else {}
         if data and data.get("fingerprint") != fingerprint:
-            before = data.get("train_documents", 0) + data.get("valid_documents", 0)
+            before = data.get("examples", data.get("train_documents", 0) + data.get("valid_documents", 0))
             raise UserError(
                 f"data.corpus: {source} has changed since this run trained on it ({before:,} -> {documents:,} "
                 f"documents, fingerprint {data.get('fingerprint', '?')[:12]} -> {fingerprint[:12]}); a run "
                 f"trains on one corpus: restore it, or start a new run with another --run-dir"
             )
+
+    def check_init_from(self, config: ExperimentConfig) -> None:
+        """This run's config against the run it would start from (model.init_from): the
+        encoder's shapes must match, and the vocabulary is that run's."""
+        if not config.model.init_from:
+            return
+        source = RunDir(Path(config.model.init_from))
+        if not source.config_file.is_file() or not (source.checkpoints_dir / "checkpoint").is_file():
+            raise UserError(f"model.init_from: {source.root}: not a run with a checkpoint (train one, or import "
+                            f"a BERT with: trainformer import hf HF_DIR --run-dir DIR)")
+        if config.tokenizer.vocab_file:
+            raise UserError("tokenizer.vocab_file: leave it empty with model.init_from: the run starts from "
+                            f"{source.root}'s vocabulary")
+        pretrained = source.load_config()
+        for key in ENCODER_KEYS:
+            ours, theirs = getattr(config.model, key), getattr(pretrained.model, key)
+            if ours != theirs:
+                raise UserError(f"model.{key}: {ours!r} here but {theirs!r} in model.init_from={source.root}; "
+                                f"the encoder must have the same shape (set model.{key}={theirs!r})")
+        length = lambda c: c.model.max_length or c.data.seq_len  # noqa: E731
+        if config.model.position == "learned" and length(config) != length(pretrained):
+            raise UserError(f"model.max_length: {length(config)} positions here but {length(pretrained)} in "
+                            f"model.init_from={source.root}; set model.max_length={length(pretrained)}")
 
     def differences(self, config: ExperimentConfig) -> dict[str, tuple]:
         previous = yaml.safe_load(self.config_file.read_text(encoding="utf-8"))

@@ -14,7 +14,7 @@ import os
 import sys
 
 from trainformer.config import ExperimentConfig
-from trainformer.data.corpus import load_corpus
+from trainformer.tasks import load_source
 from trainformer.train.run_dir import RunDir
 
 
@@ -32,14 +32,16 @@ def writes_run_dir() -> bool:
 
 
 def start_training(config: ExperimentConfig, run: RunDir, metrics_port: int | None = None, out=sys.stdout) -> dict:
-    """Check, lock the run directory, train (or resume); returns pretrain's result."""
+    """Check, lock the run directory, train (or resume); returns session.train's result."""
     chief = writes_run_dir()
     if chief:
         run.check_usable()
         run.check_resume(config)
-    corpus = load_corpus(config.data.corpus, config.data.valid_fraction)
+    if not run.has_checkpoint():  # a resumed run has its weights already
+        run.check_init_from(config)
+    source = load_source(config)
     if chief:
-        run.check_same_data(corpus.source, corpus.fingerprint, len(corpus.train) + len(corpus.valid))
+        run.check_same_data(source.source, source.fingerprint, source.num_examples)
     with contextlib.ExitStack() as stack:
         exporter = None
         if metrics_port and chief:
@@ -50,6 +52,6 @@ def start_training(config: ExperimentConfig, run: RunDir, metrics_port: int | No
         if chief:
             stack.enter_context(run.lock())
             run.check_resume(config)  # again: another process may have trained it meanwhile
-        from trainformer.train.pretrain import pretrain  # TensorFlow loads here
+        from trainformer.train.session import train  # TensorFlow loads here
 
-        return pretrain(config, run, corpus, out=out, exporter=exporter)
+        return train(config, run, source, out=out, exporter=exporter)

@@ -1,0 +1,212 @@
+"""Text classification (intent, sentiment): `[CLS] text [SEP]` -> one of the run's labels."""
+
+from __future__ import annotations
+
+import json
+
+import keras
+import numpy as np
+import tensorflow as tf
+from PIL import Image, ImageDraw
+
+from trainformer.config import ExperimentConfig
+from trainformer.data.classify_pipeline import (
+    cache_file, cached_encode, encode, eval_batches, gather_batch, load_cached, train_dataset,
+)
+from trainformer.data.labelled import LabelledCorpus
+from trainformer.data.tokenizer import Tokenizer
+from trainformer.errors import UserError
+from trainformer.files import write_atomic
+from trainformer.model.heads import build_classifier
+from trainformer.tasks import DTYPE_POLICIES
+from trainformer.tasks.vocabulary import run_vocabulary
+from trainformer.train.attention import colorize, plain_font
+from trainformer.train.run_dir import RunDir
+
+SPLITS = ("train", "valid", "test")
+LABELS_FILE = "labels.json"
+
+
+def classify_sums(logits: tf.Tensor, targets: dict) -> dict[str, tf.Tensor]:
+    """Cross-entropy and accuracy summed over the rows. logits: (batch, labels) float32."""
+    labels = targets["labels"]  # (batch,)
+    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+    hits = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels), tf.float32)
+    return {"loss_sum": tf.reduce_sum(losses), "correct": tf.reduce_sum(hits),
+            "count": tf.cast(tf.shape(labels)[0], tf.float32)}
+
+
+def classification_metrics(labels: np.ndarray, predictions: np.ndarray, names: list[str], majority: int) -> dict:
+    """Accuracy, macro-F1, per-class precision/recall/F1, support, the confusion matrix (rows:
+    true label, columns: predicted) and the accuracy of always answering the majority label."""
+    n = len(names)
+    confusion = np.zeros([n, n], np.int64)
+    np.add.at(confusion, (labels, predictions), 1)
+    hits = np.diag(confusion).astype(np.float64)
+    support, predicted = confusion.sum(axis=1), confusion.sum(axis=0)
+    precision = np.divide(hits, predicted, out=np.zeros(n), where=predicted > 0)
+    recall = np.divide(hits, support, out=np.zeros(n), where=support > 0)
+    f1 = np.divide(2 * precision * recall, precision + recall, out=np.zeros(n), where=precision + recall > 0)
+    total = max(len(labels), 1)
+    return {
+        "accuracy": float(hits.sum() / total),
+        "macro_f1": float(f1.mean()),
+        "baseline_accuracy": float(support[majority] / total),
+        "num_examples": int(len(labels)),
+        "per_class": {name: {"precision": float(p), "recall": float(r), "f1": float(f)}
+                      for name, p, r, f in zip(names, precision, recall, f1)},
+        "support": {name: int(s) for name, s in zip(names, support)},
+        "confusion": confusion.tolist(),
+    }
+
+
+class ClassifyTask:
+    """Fine-tuning a classifier on a LabelledCorpus, one example per row."""
+
+    accuracy_name = "accuracy"
+    unit = "ex"
+
+    def __init__(self, config: ExperimentConfig):
+        self.config = config
+        self.vocab_size = config.tokenizer.vocab_size  # until prepare() loads the run's vocabulary
+        self.loss_sums = classify_sums
+        self.items_per_step = config.train.accumulate * config.train.batch_size
+
+    def prepare(self, run: RunDir, corpus: LabelledCorpus, say=print, may_create_vocabulary: bool = True) -> None:
+        """Vocabulary (once per run), the label list (run/labels.json) and the tokenized
+        splits (cached)."""
+        say(f"data: {corpus.summary()}")
+        self.corpus = corpus
+        self.tokenizer = run_vocabulary(self.config, run.tokenizer_dir, corpus.train.texts, say, may_create_vocabulary)
+        self.vocab_size = self.tokenizer.vocab_size
+        self.labels = list(corpus.labels)
+        if may_create_vocabulary:
+            write_atomic(run.root / LABELS_FILE, json.dumps(self.labels, ensure_ascii=False) + "\n")
+        self.examples, self.was_cached = {}, True
+        for split in SPLITS:
+            examples = getattr(corpus, split)
+            self.examples[split], cached = cached_encode(run.cache_dir, self.tokenizer, examples.texts, examples.labels,
+                                                         corpus.fingerprint, split, self.config.data.seq_len)
+            self.was_cached &= cached
+        if len(corpus.train) < self.config.train.batch_size:
+            raise UserError(f"train.batch_size: {self.config.train.batch_size} is more than the {len(corpus.train)} "
+                            f"training examples in {corpus.source}")
+
+    def prepare_from_cache(self, run: RunDir) -> bool:
+        """For eval and predict: labels, vocabulary and the tokenized splits from the run
+        (False when the cache is gone: then prepare() reads the data again)."""
+        self.tokenizer = Tokenizer.load(run.tokenizer_dir)
+        self.vocab_size = self.tokenizer.vocab_size
+        self.labels = json.loads((run.root / LABELS_FILE).read_text(encoding="utf-8"))
+        fingerprint = run.read_manifest().get("data", {}).get("fingerprint")
+        files = {split: cache_file(run.cache_dir, self.tokenizer, fingerprint, split, self.config.data.seq_len)
+                 for split in SPLITS}
+        if not fingerprint or not all(path.is_file() for path in files.values()):
+            return False
+        self.examples = {split: load_cached(path) for split, path in files.items()}
+        return True
+
+    @property
+    def majority(self) -> int:
+        """The most frequent training label: the baseline that always answers it."""
+        return int(np.bincount(self.examples["train"]["labels"], minlength=len(self.labels)).argmax())
+
+    def build_model(self) -> keras.Model:
+        c = self.config
+        return build_classifier(c.model, self.vocab_size, c.model.max_length or c.data.seq_len, len(self.labels),
+                                dtype=DTYPE_POLICIES[c.train.precision])
+
+    def train_batches(self, start_batch: int) -> tf.data.Dataset:
+        t = self.config.train
+        return train_dataset(self.examples["train"], t.batch_size, t.seed, self.config.data.seq_len, start_batch)
+
+    def attention_windows(self) -> np.ndarray:
+        first = eval_batches(self.examples["valid"], 1, self.config.data.seq_len)[0]
+        return first[0]["token_ids"].numpy()
+
+    def evaluator(self, model: keras.Model):
+        """evaluate(split) -> loss and classification_metrics on every example of the split."""
+        logits_of = tf.function(lambda inputs: model(inputs, training=False), reduce_retracing=True)
+        batches = {}
+
+        def evaluate(split: str = "valid") -> dict:
+            if split not in batches:
+                if not len(self.examples[split]["lengths"]):
+                    raise UserError(f"eval --split {split}: this run has no {split} examples "
+                                    f"(data.test_fraction is {self.config.data.test_fraction})")
+                batches[split] = eval_batches(self.examples[split], self.config.train.batch_size,
+                                              self.config.data.seq_len)
+            losses, labels, predictions = 0.0, [], []
+            for inputs, targets in batches[split]:
+                logits = logits_of(inputs)
+                losses += float(classify_sums(logits, targets)["loss_sum"])
+                labels.append(targets["labels"].numpy())
+                predictions.append(tf.argmax(logits, axis=-1, output_type=tf.int32).numpy())
+            labels, predictions = np.concatenate(labels), np.concatenate(predictions)
+            metrics = classification_metrics(labels, predictions, self.labels, self.majority)
+            return {"loss": losses / max(len(labels), 1), **metrics}
+
+        return evaluate
+
+    def on_eval(self, monitor, step: int, metrics: dict) -> None:
+        """The confusion matrix as a TensorBoard image (Images -> confusion_matrix)."""
+        monitor.log_image(step, "confusion_matrix", confusion_image(np.array(metrics["confusion"]), self.labels))
+
+    @staticmethod
+    def eval_line(metrics: dict) -> str:
+        return (f"loss {metrics['loss']:.4f}  accuracy {metrics['accuracy']:.2%}  macro-F1 {metrics['macro_f1']:.3f} "
+                f"(majority baseline {metrics['baseline_accuracy']:.2%}, {metrics['num_examples']:,} examples)")
+
+    def summary_lines(self) -> list[str]:
+        t = self.config.train
+        accumulate = f" x {t.accumulate} accumulated" if t.accumulate > 1 else ""
+        sizes = " / ".join(f"{len(self.examples[split]['lengths']):,} {split}" for split in SPLITS)
+        return [f"examples: {sizes}, {len(self.labels)} labels, up to {self.config.data.seq_len} tokens "
+                f"(length-bucketed batches); batch {t.batch_size}{accumulate}"]
+
+    @staticmethod
+    def result_lines(final: dict) -> list[str]:
+        return [f"valid accuracy {final['accuracy']:.2%}, macro-F1 {final['macro_f1']:.3f} vs majority baseline "
+                f"{final['baseline_accuracy']:.2%}, on {final['num_examples']:,} examples "
+                f"(the test split: trainformer eval RUN_DIR --split test)"]
+
+    def manifest_data(self) -> dict:
+        corpus = self.corpus
+        return {
+            "source": corpus.source,
+            "fingerprint": corpus.fingerprint,
+            "examples": corpus.num_examples,
+            "labels": self.labels,
+            "class_counts": corpus.class_counts(),
+            "skipped_lines": dict(corpus.skipped),
+        }
+
+    def predict(self, model: keras.Model, texts: list[str]) -> list[dict]:
+        """The label, its probability and every label's probability, per text."""
+        flat, lengths = encode(self.tokenizer, texts, self.config.data.seq_len)
+        ragged = tf.RaggedTensor.from_row_lengths(flat, lengths)
+        inputs, _ = gather_batch(ragged, tf.zeros([len(texts)], tf.int32), tf.range(len(texts)),
+                                 self.config.data.seq_len)
+        probabilities = tf.nn.softmax(model(inputs, training=False)).numpy()  # (texts, labels)
+        return [{"text": text, "label": self.labels[int(row.argmax())], "probability": round(float(row.max()), 6),
+                 "probabilities": {label: round(float(p), 6) for label, p in zip(self.labels, row)}}
+                for text, row in zip(texts, probabilities)]
+
+
+def confusion_image(confusion: np.ndarray, labels: list[str], cell: int = 28) -> np.ndarray:
+    """A heatmap of the confusion matrix, each row normalised (rows: true label, columns:
+    predicted), with the counts written in: (1, H, W, 3) uint8."""
+    rates = confusion / np.maximum(confusion.sum(axis=1, keepdims=True), 1)
+    font = plain_font(11)
+    margin = 8 + 7 * max(len(label) for label in labels)
+    size = len(labels) * cell
+    image = Image.new("RGB", (margin + size + 8, margin + size + 8), "white")
+    image.paste(Image.fromarray(np.kron(colorize(rates), np.ones([cell, cell, 1])).astype(np.uint8)), (margin, margin))
+    draw = ImageDraw.Draw(image)
+    for i, label in enumerate(labels):
+        draw.text((4, margin + i * cell + cell // 3), label, fill="black", font=font)
+        draw.text((margin + i * cell + 2, 4), label[: cell // 7], fill="black", font=font)
+        for j in range(len(labels)):
+            ink = "black" if rates[i, j] > 0.6 else "white"
+            draw.text((margin + j * cell + 3, margin + i * cell + cell // 3), str(confusion[i, j]), fill=ink, font=font)
+    return np.asarray(image)[None]

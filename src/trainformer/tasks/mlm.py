@@ -1,0 +1,193 @@
+"""Masked-LM pretraining: packed windows, dynamic masks, a tied head, cloze evaluation."""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from trainformer.config import ExperimentConfig
+from trainformer.data.corpus import Corpus
+from trainformer.data.pipeline import (
+    cache_file, cached_token_stream, eval_batches, most_frequent_token, pack, split_targets, train_dataset,
+)
+from trainformer.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, Tokenizer
+from trainformer.errors import UserError
+from trainformer.model.heads import build_masked_lm
+from trainformer.tasks import DTYPE_POLICIES
+from trainformer.tasks.vocabulary import run_vocabulary
+from trainformer.train.run_dir import RunDir
+
+EVAL_SEED = 20260101  # fixed: every eval of every run scores the same valid targets
+TOP_K = 5  # candidates `predict` prints for each [MASK]
+
+
+def masked_lm_sums(logits: tf.Tensor, targets: dict) -> dict[str, tf.Tensor]:
+    """Per-token cross-entropy and accuracy on masked positions, as sums.
+
+    logits: (batch, P, vocab) float32; targets: masked_ids (batch, P), masked_weights (batch, P).
+    """
+    weights = targets["masked_weights"]
+    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(targets["masked_ids"], logits)  # (batch, P)
+    hits = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), targets["masked_ids"]), tf.float32)
+    return {
+        "loss_sum": tf.reduce_sum(losses * weights),
+        "correct": tf.reduce_sum(hits * weights),
+        "count": tf.reduce_sum(weights),
+    }
+
+
+class MaskedLMTask:
+    """Pretraining on a Corpus: documents -> one token stream -> windows of data.seq_len."""
+
+    accuracy_name = "masked_accuracy"
+    unit = "tok"
+
+    def __init__(self, config: ExperimentConfig):
+        self.config = config
+        self.vocab_size = config.tokenizer.vocab_size  # until prepare() loads the run's vocabulary
+        self.loss_sums = masked_lm_sums
+        self.items_per_step = config.train.accumulate * config.train.batch_size * config.data.seq_len
+
+    def prepare(self, run: RunDir, corpus: Corpus, say=print, may_create_vocabulary: bool = True) -> None:
+        """Vocabulary (once per run) and packed windows of the tokenized corpus (cached)."""
+        say(f"corpus: {corpus.summary()}")
+        self.corpus = corpus
+        self.tokenizer = run_vocabulary(self.config, run.tokenizer_dir, corpus.train, say, may_create_vocabulary)
+        self.vocab_size = self.tokenizer.vocab_size
+        streams, self.was_cached = {}, True
+        for split, documents in (("train", corpus.train), ("valid", corpus.valid)):
+            streams[split], cached = cached_token_stream(run.cache_dir, self.tokenizer, documents,
+                                                         corpus.fingerprint, split)
+            self.was_cached &= cached
+        self._use_streams(streams)
+        if len(self.train_windows) < self.config.train.batch_size:
+            raise UserError(
+                f"train.batch_size: {self.config.train.batch_size} is more than the {len(self.train_windows)} "
+                f"training windows of data.seq_len={self.config.data.seq_len} in {corpus.source}"
+            )
+
+    def prepare_from_cache(self, run: RunDir) -> bool:
+        """For eval: the run's tokenized streams from its cache, without the corpus (False if
+        the cache is gone)."""
+        self.tokenizer = Tokenizer.load(run.tokenizer_dir)
+        self.vocab_size = self.tokenizer.vocab_size
+        fingerprint = run.read_manifest().get("data", {}).get("fingerprint")
+        files = {split: cache_file(run.cache_dir, self.tokenizer, fingerprint, split) for split in ("train", "valid")}
+        if not fingerprint or not all(path.is_file() for path in files.values()):
+            return False
+        self._use_streams({split: np.load(path) for split, path in files.items()})
+        return True
+
+    def _use_streams(self, streams: dict[str, np.ndarray]) -> None:
+        seq_len = self.config.data.seq_len
+        self.windows = {split: pack(stream, seq_len) for split, stream in streams.items()}
+        self.train_windows, self.valid_windows = self.windows["train"], self.windows["valid"]
+        self.baseline_id = most_frequent_token(streams["train"])
+
+    def build_model(self) -> keras.Model:
+        c = self.config
+        return build_masked_lm(c.model, self.vocab_size, c.model.max_length or c.data.seq_len,
+                               dtype=DTYPE_POLICIES[c.train.precision])
+
+    def train_batches(self, start_batch: int) -> tf.data.Dataset:
+        t = self.config.train
+        return train_dataset(self.train_windows, t.batch_size, t.seed, self.config.data.mask_rate, self.vocab_size,
+                             start_batch=start_batch)
+
+    def attention_windows(self) -> np.ndarray:
+        return self.valid_windows
+
+    def evaluator(self, model: keras.Model):
+        """evaluate(split) -> loss, perplexity, masked accuracy and the accuracy of always
+        predicting the most frequent training token, on fixed cloze-masked windows."""
+        sums = tf.function(lambda inputs, targets: self._eval_sums(model, inputs, targets), reduce_retracing=True)
+        batches = {}
+
+        def evaluate(split: str = "valid") -> dict:
+            if split not in self.windows:
+                raise UserError(f"eval --split {split}: a masked-LM run has train and valid windows only")
+            if split not in batches:
+                batches[split] = eval_batches(self.windows[split], self.config.train.batch_size, EVAL_SEED,
+                                              self.config.data.mask_rate, self.vocab_size)
+            totals: dict[str, float] = {}
+            for inputs, targets in batches[split]:
+                for key, value in sums(inputs, targets).items():
+                    totals[key] = totals.get(key, 0.0) + float(value)
+            count = max(totals["count"], 1.0)
+            loss = totals["loss_sum"] / count
+            return {
+                "loss": loss,
+                "perplexity": math.exp(min(loss, 50.0)),
+                "masked_accuracy": totals["correct"] / count,
+                "baseline_accuracy": totals["baseline_correct"] / count,
+                "num_targets": int(totals["count"]),
+            }
+
+        return evaluate
+
+    def _eval_sums(self, model: keras.Model, inputs: dict, targets: dict) -> dict:
+        sums = masked_lm_sums(model(inputs, training=False), targets)
+        baseline_hits = tf.cast(tf.equal(targets["masked_ids"], self.baseline_id), tf.float32)
+        return {**sums, "baseline_correct": tf.reduce_sum(baseline_hits * targets["masked_weights"])}
+
+    def on_eval(self, monitor, step: int, metrics: dict) -> None:
+        pass
+
+    @staticmethod
+    def eval_line(metrics: dict) -> str:
+        return (f"loss {metrics['loss']:.4f}  ppl {metrics['perplexity']:.1f}  masked acc "
+                f"{metrics['masked_accuracy']:.2%} (baseline {metrics['baseline_accuracy']:.2%})")
+
+    def summary_lines(self) -> list[str]:
+        t, seq_len = self.config.train, self.config.data.seq_len
+        accumulate = f" x {t.accumulate} accumulated" if t.accumulate > 1 else ""
+        return [f"data: {len(self.train_windows):,} train / {len(self.valid_windows):,} valid windows of {seq_len} "
+                f"tokens; batch {t.batch_size}{accumulate} ({self.items_per_step:,} tokens/step)"]
+
+    @staticmethod
+    def result_lines(final: dict) -> list[str]:
+        ratio = final["masked_accuracy"] / max(final["baseline_accuracy"], 1e-9)
+        return [f"valid perplexity {final['perplexity']:.1f}",
+                f"held-out masked-token accuracy {final['masked_accuracy']:.2%} vs most-frequent-token baseline "
+                f"{final['baseline_accuracy']:.2%} ({ratio:.1f}x), on {final['num_targets']:,} masked tokens"]
+
+    def manifest_data(self) -> dict:
+        corpus = self.corpus
+        return {
+            "source": corpus.source,
+            "fingerprint": corpus.fingerprint,
+            "examples": corpus.num_examples,
+            "train_documents": len(corpus.train),
+            "valid_documents": len(corpus.valid),
+            "characters": corpus.num_chars,
+            "skipped_lines": dict(corpus.skipped),
+            "train_windows": len(self.train_windows),
+            "valid_windows": len(self.valid_windows),
+        }
+
+    def predict(self, model: keras.Model, texts: list[str]) -> list[dict]:
+        """Fill each [MASK] of each text: the TOP_K tokens and their probabilities."""
+        results = []
+        for text in texts:
+            pieces = [self.tokenizer(tf.constant([part]))[0].numpy().tolist() for part in text.split("[MASK]")]
+            ids = pieces[0]
+            for piece in pieces[1:]:
+                ids += [MASK_ID] + piece
+            ids = ([CLS_ID] + ids)[: self.config.data.seq_len - 1] + [SEP_ID]
+            positions = [i for i, token in enumerate(ids) if token == MASK_ID]
+            if not positions:
+                results.append({"text": text, "error": "no [MASK] in the text"})
+                continue
+            token_ids = tf.constant([ids], tf.int32)
+            logits = model({"token_ids": token_ids, "padding_mask": token_ids != PAD_ID,
+                            "masked_positions": tf.constant([positions], tf.int32)}, training=False)
+            probabilities = tf.nn.softmax(logits[0]).numpy()  # (masks, vocab)
+            results.append({"text": text, "masks": [
+                [{"token": self.tokenizer.vocab[i], "probability": round(float(row[i]), 6)}
+                 for i in np.argsort(-row)[:TOP_K]]
+                for row in probabilities
+            ]})
+        return results

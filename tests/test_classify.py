@@ -1,0 +1,135 @@
+"""Classification end to end through the real command line: a tiny masked-LM run, then a
+classifier fine-tuned from it on the real chatterbot intent set; eval, predict, resume."""
+
+import json
+import signal
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from cli_helpers import ENV, TINY, read_metrics, start, trainformer
+
+from trainformer.config import load_config
+from trainformer.model.heads import build_classifier, build_masked_lm
+from trainformer.train.checkpoint import Checkpoints, restore_pretrained
+
+INTENTS = ["--set", "task.type=classify", "--set", "data.corpus=chatterbot-zh-intents",
+           "--set", "data.valid_fraction=0.1", "--set", "data.test_fraction=0.1"]
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("pre") / "run"
+    trainformer("train", "--run-dir", str(run_dir), *TINY, "--set", "train.steps=10")
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def finetuned(pretrained, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("intent") / "run"
+    result = trainformer("train", "--run-dir", str(run_dir), *TINY, *INTENTS, "--set", "train.steps=30",
+                         "--set", f"model.init_from={pretrained}")
+    return run_dir, result.stdout
+
+
+def test_a_classifier_starts_from_the_pretraining_run(finetuned, pretrained):
+    run_dir, stdout = finetuned
+    assert f"from model.init_from={pretrained}" in stdout  # its vocabulary
+    assert f"encoder: from {pretrained}/checkpoints/ckpt-10" in stdout
+    assert (run_dir / "tokenizer" / "vocab.txt").read_text() == (pretrained / "tokenizer" / "vocab.txt").read_text()
+    labels = json.loads((run_dir / "labels.json").read_text())
+    assert len(labels) == 17 and "greetings" in labels
+    progress = [line for line in stdout.splitlines() if line.startswith("step ")]
+    assert progress and all(" acc " in line and " ex/s" in line and "data-wait" in line for line in progress)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["task"] == "classify" and manifest["data"]["labels"] == labels
+    assert set(manifest["data"]["class_counts"]["test"]) == set(labels)  # every class in every split
+
+
+def test_eval_json_of_a_classify_run(finetuned):
+    run_dir, _ = finetuned
+    result = json.loads(trainformer("eval", str(run_dir), "--split", "test", "--json").stdout)
+    assert {"accuracy", "macro_f1", "per_class", "support", "baseline_accuracy", "num_examples", "split",
+            "step", "loss", "confusion"} <= set(result)
+    assert result["split"] == "test" and result["step"] == 30
+    assert sum(result["support"].values()) == result["num_examples"] == np.sum(result["confusion"])
+    correct = np.trace(result["confusion"])
+    assert result["accuracy"] == pytest.approx(correct / result["num_examples"])
+    f1s = [row["f1"] for row in result["per_class"].values()]
+    assert result["macro_f1"] == pytest.approx(np.mean(f1s)) and len(f1s) == 17
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["final_eval"]["num_examples"] == sum(manifest["data"]["class_counts"]["valid"].values())
+
+
+def test_predict_prints_one_json_line_per_text(finetuned):
+    run_dir, _ = finetuned
+    labels = json.loads((run_dir / "labels.json").read_text())
+    result = subprocess.run([sys.executable, "-m", "trainformer", "predict", str(run_dir)], env=ENV,
+                            input="你好\n\n今天天气怎么样\n", capture_output=True, text=True, check=True)
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line["text"] for line in lines] == ["你好", "今天天气怎么样"]  # the empty line is skipped
+    for line in lines:
+        assert line["label"] in labels and set(line["probabilities"]) == set(labels)
+        assert sum(line["probabilities"].values()) == pytest.approx(1.0, abs=1e-4)
+        assert line["probability"] == max(line["probabilities"].values())
+
+
+def test_confusion_matrix_image_in_tensorboard(finetuned):
+    run_dir, _ = finetuned
+    tags = set()
+    for path in (run_dir / "logs" / "valid").glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            tags |= {value.tag for value in event.summary.value}
+    assert "confusion_matrix" in tags and "accuracy" in tags and "macro_f1" in tags
+
+
+def test_predict_fills_masks_on_a_pretraining_run(pretrained):
+    [line] = trainformer("predict", str(pretrained), "人民[MASK]报").stdout.splitlines()
+    masks = json.loads(line)["masks"]
+    assert len(masks) == 1 and len(masks[0]) == 5
+    assert masks[0][0]["probability"] >= masks[0][-1]["probability"]
+
+
+def test_an_encoder_of_another_shape_is_refused_before_anything_is_written(pretrained, tmp_path):
+    result = trainformer("train", "--run-dir", str(tmp_path / "run"), *TINY, *INTENTS, "--set", "model.d_model=64",
+                         "--set", f"model.init_from={pretrained}", check=False)
+    assert result.returncode == 2 and not (tmp_path / "run").exists()
+    assert f"model.d_model: 64 here but 32 in model.init_from={pretrained}" in result.stderr
+
+
+def test_restore_pretrained_loads_the_encoder_and_leaves_the_head(tmp_path):
+    config = load_config(None, ["model.d_model=32", "model.num_layers=1", "model.num_heads=2", "model.dff=64"])
+    keras.utils.set_random_seed(1)
+    masked_lm = build_masked_lm(config.model, 100, 32)
+    Checkpoints(tmp_path, 1, model=masked_lm, step=tf.Variable(0, dtype=tf.int64)).save(3)
+    keras.utils.set_random_seed(2)
+    classifier = build_classifier(config.model, 100, 32, num_labels=3)
+    head_before = [w.numpy() for w in classifier.head.weights]
+    restore_pretrained(classifier, tmp_path)
+    for ours, theirs in zip(classifier.encoder.weights, masked_lm.encoder.weights):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+    for before, after in zip(head_before, classifier.head.weights):
+        np.testing.assert_array_equal(before, after.numpy())
+
+
+def test_a_stopped_classify_run_resumes_to_the_same_weights(tmp_path, pretrained):
+    """SIGTERM mid-run, rerun: bitwise the weights of an uninterrupted deterministic run."""
+    args = [*TINY, *INTENTS, "--set", "train.steps=30", "--set", "train.deterministic=true",
+            "--set", "model.dropout=0.1", "--set", f"model.init_from={pretrained}"]
+    trainformer("train", "--run-dir", str(tmp_path / "whole"), *args)
+    process = start("train", "--run-dir", str(tmp_path / "stopped"), *args, stdout=subprocess.PIPE)
+    for line in process.stdout:
+        if line.startswith("step "):
+            break
+    process.send_signal(signal.SIGTERM)
+    stdout, _ = process.communicate(timeout=120)
+    assert process.returncode == 0 and "SIGTERM: stopped at step" in stdout
+    trainformer("train", "--run-dir", str(tmp_path / "stopped"))
+    digests = [json.loads((tmp_path / name / "manifest.json").read_text())["weights_sha256"]
+               for name in ("whole", "stopped")]
+    assert digests[0] == digests[1]
+    steps = [e["step"] for e in read_metrics(tmp_path / "stopped") if e.get("split") == "train"]
+    assert steps == sorted(set(steps))
