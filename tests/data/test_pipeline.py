@@ -7,9 +7,10 @@ import pytest
 import tensorflow as tf
 
 from trainformer.data.pipeline import (
-    NUM_SPECIAL, eval_batches, mask_batch, max_predictions, pack, tokenize_documents, train_dataset,
+    NUM_SPECIAL, cached_token_stream, eval_batches, mask_batch, max_predictions, pack, tokenize_documents,
+    train_dataset,
 )
-from trainformer.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
+from trainformer.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, Tokenizer
 
 SEQ_LEN = 128
 RATE = 0.15
@@ -49,6 +50,28 @@ def expected_count(window):
 
 
 # --- tokenize + pack ------------------------------------------------------------------------
+
+def test_token_cache_is_rebuilt_when_the_corpus_or_the_vocabulary_changes(tmp_path, tokenizer, documents):
+    docs, cache = documents[:300], tmp_path / "cache"
+    first, cached = cached_token_stream(cache, tokenizer, docs, "corpus-a", "train")
+    assert not cached
+    again, cached = cached_token_stream(cache, tokenizer, docs, "corpus-a", "train")
+    assert cached and np.array_equal(again, first)
+
+    other = documents[300:600]  # another corpus (another fingerprint): its own tokens
+    changed, cached = cached_token_stream(cache, tokenizer, other, "corpus-b", "train")
+    assert not cached and np.array_equal(changed, tokenize_documents(tokenizer, other))
+
+    vocab = tokenizer.vocab[:1000] + tokenizer.vocab[1001:]  # one token fewer: later ids shift
+    retrained = Tokenizer(vocab, lowercase=True)
+    changed, cached = cached_token_stream(cache, retrained, docs, "corpus-a", "train")
+    assert not cached and np.array_equal(changed, tokenize_documents(retrained, docs))
+    assert not np.array_equal(changed, first)
+
+    _, cached = cached_token_stream(cache, tokenizer, documents[:50], "corpus-a", "valid")  # the split too
+    assert not cached
+    assert cached_token_stream(cache, tokenizer, docs, "corpus-a", "train")[1]  # the first entry is still there
+
 
 def test_tokenize_documents_ends_each_document_with_sep(tokenizer, documents, stream):
     assert stream.dtype == np.int32

@@ -5,6 +5,7 @@ one-device update of the same global batch."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,11 +40,18 @@ def one_device(tmp_path_factory, vocab_args):
     return run_dir
 
 
-def test_mirrored_on_two_cpus_matches_one_device(tmp_path, one_device, vocab_args):
-    mirrored = tmp_path / "mirrored"
-    result = trainformer("train", "--run-dir", str(mirrored), *RUN, *vocab_args,
+@pytest.fixture(scope="module")
+def mirrored_run(tmp_path_factory, vocab_args):
+    """The one_device run, on two logical CPU devices (mirrored): (run_dir, stdout)."""
+    run_dir = tmp_path_factory.mktemp("mirrored") / "run"
+    result = trainformer("train", "--run-dir", str(run_dir), *RUN, *vocab_args,
                          "--set", "train.strategy=mirrored", "--set", "runtime.cpu_devices=2")
-    assert "MirroredStrategy: 2 replica(s)" in result.stdout
+    return run_dir, result.stdout
+
+
+def test_mirrored_on_two_cpus_matches_one_device(mirrored_run, one_device):
+    mirrored, stdout = mirrored_run
+    assert "MirroredStrategy: 2 replica(s)" in stdout
     assert json.loads((mirrored / "manifest.json").read_text())["replicas"] == 2
     expected = train_losses(one_device)
     assert len(expected) == 20 and expected[-1] < expected[0]
@@ -60,8 +68,8 @@ def test_batch_that_does_not_split_across_replicas_is_an_error(tmp_path, vocab_a
     assert "train.batch_size: 15 windows cannot be split evenly across 2 replicas" in result.stderr
 
 
-def launch(*args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "trainformer", "launch", *args], env=ENV, text=True,
+def launch(*args, env=ENV) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "trainformer", "launch", *args], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
@@ -89,15 +97,24 @@ def wait_for_step(process: subprocess.Popen, step: int) -> None:
     raise AssertionError(f"the run ended before step {step}")
 
 
+def folders(path) -> list:
+    return [p for p in path.iterdir() if p.is_dir()]  # (autograph also writes files there)
+
+
 def test_sigterm_stops_every_worker_at_one_step_and_all_resume(tmp_path, vocab_args):
     args = ["--workers", "2", "--", "train", "--run-dir", str(tmp_path / "run"), *RUN, *vocab_args,
             "--set", "train.steps=400"]
-    process = launch(*args)
+    scratch = tmp_path / "tmp"  # TMPDIR of the workers: where the non-chief writes its own files
+    scratch.mkdir()
+    process = launch(*args, env={**ENV, "TMPDIR": str(scratch)})
     wait_for_step(process, 5)
+    (folder,) = folders(scratch)  # the non-chief's scratch run directory, in use
+    assert (folder / "metrics.jsonl").is_file()
     process.send_signal(signal.SIGTERM)
     output = process.communicate(timeout=120)[0]
     assert process.returncode == 0, output
     stopped_at = int(re.search(r"SIGTERM: stopped at step (\d+)/400", output).group(1))
+    assert folders(scratch) == []  # deleted when the worker exited
 
     resumed = launch(*args[:-1], "train.steps=" + str(stopped_at + 5))
     output = resumed.communicate(timeout=600)[0]
@@ -134,13 +151,24 @@ def test_a_strategy_without_its_hardware_is_a_one_line_error(tmp_path, strategy,
     assert not (tmp_path / "run").exists()  # nothing written
 
 
-def test_fp16_loss_scaling_under_mirrored(tmp_path, vocab_args):
+def test_fp16_loss_scaling_under_mirrored(tmp_path, vocab_args, one_device):
+    """Each overflow skips its step and halves the scale from 2**15 (no growth in 6 steps); the
+    applied steps' gradients are unscaled: their norm is fp32's, not 2**k times it."""
     run_dir = tmp_path / "run"
     trainformer("train", "--run-dir", str(run_dir), *RUN, *vocab_args, "--set", "train.steps=6",
                 "--set", "train.precision=fp16", "--set", "train.strategy=mirrored", "--set", "runtime.cpu_devices=2")
     logged = [m for m in read_metrics(run_dir) if m.get("split") == "train"]
     assert len(logged) == 6 and all(np.isfinite(m["loss"]) for m in logged)
-    assert logged[-1]["loss_scale"] >= 1 and logged[-1]["skipped_steps"] >= 0
+    skipped = 0
+    for entry in logged:  # log_every=1: one line per step
+        skipped += not np.isfinite(entry["grad_norm"])
+        assert entry["skipped_steps"] == skipped, entry
+        assert entry["loss_scale"] == 2.0**15 / 2**skipped, entry
+    assert skipped < 6  # some steps were applied
+    fp32 = {m["step"]: m["grad_norm"] for m in read_metrics(one_device) if m.get("split") == "train"}
+    for entry in logged:
+        if np.isfinite(entry["grad_norm"]):
+            assert 0.5 < entry["grad_norm"] / fp32[entry["step"]] < 2, (entry, fp32[entry["step"]])
 
 
 @pytest.mark.parametrize("args, message", [
@@ -153,12 +181,30 @@ def test_bad_launch_is_a_one_line_error_before_any_worker_starts(args, message):
     assert result.returncode == 2 and message in result.stderr and "launch: 2 workers" not in result.stdout
 
 
-def test_a_mirrored_run_resumes_on_one_device(tmp_path, vocab_args):
+def test_a_mirrored_run_resumes_on_one_device(tmp_path, mirrored_run, one_device, vocab_args):
+    """The two-replica run, as kill -9 would leave it right after its step-10 checkpoint (a
+    copy with the later checkpoint and log lines removed), resumed on one device: it computes
+    the uninterrupted one-device run's updates."""
     run_dir = tmp_path / "run"
-    trainformer("train", "--run-dir", str(run_dir), *RUN, *vocab_args, "--set", "train.steps=6",
-                "--set", "train.strategy=mirrored", "--set", "runtime.cpu_devices=2")
-    resumed = trainformer("train", "--run-dir", str(run_dir), *RUN, *vocab_args, "--set", "train.steps=8",
-                          "--set", "train.strategy=one_device")
-    assert "resuming from checkpoint" in resumed.stdout and "(step 6/8)" in resumed.stdout
+    shutil.copytree(mirrored_run[0], run_dir)
+    checkpoints = str(run_dir / "checkpoints")
+    state = tf.train.get_checkpoint_state(checkpoints)
+    (path, *_), (stamp, *_) = state.all_model_checkpoint_paths, state.all_model_checkpoint_timestamps
+    assert path.endswith("ckpt-10") and state.model_checkpoint_path.endswith("ckpt-20")
+    tf.compat.v1.train.update_checkpoint_state(checkpoints, path, [path], all_model_checkpoint_timestamps=[stamp],
+                                               last_preserved_timestamp=state.last_preserved_timestamp)
+    for later in (run_dir / "checkpoints").glob("ckpt-20.*"):
+        later.unlink()
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    (run_dir / "metrics.jsonl").write_text("".join(f"{line}\n" for line in lines if json.loads(line).get("step", 0) <= 10))
+
+    resumed = trainformer("train", "--run-dir", str(run_dir), *RUN, *vocab_args, "--set", "train.strategy=one_device")
+    assert "resuming from checkpoint" in resumed.stdout and "(step 10/20)" in resumed.stdout
     assert "OneDeviceStrategy: 1 replica(s)" in resumed.stdout
-    assert [m["step"] for m in read_metrics(run_dir) if m.get("split") == "train"] == list(range(1, 9))
+    assert [m["step"] for m in read_metrics(run_dir) if m.get("split") == "train"] == list(range(1, 21))
+    np.testing.assert_allclose(train_losses(run_dir), train_losses(one_device), rtol=1e-5)
+    reference = weights(one_device)
+    resumed_weights = weights(run_dir)
+    assert resumed_weights.keys() == reference.keys()
+    for name, value in resumed_weights.items():
+        np.testing.assert_allclose(value, reference[name], rtol=1e-4, atol=1e-6, err_msg=name)

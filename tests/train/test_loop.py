@@ -1,4 +1,5 @@
-"""The Trainer's step on real packed People's Daily windows: XLA, accumulation, precision."""
+"""The Trainer's step on real packed People's Daily windows: XLA, accumulation, precision (fp16
+unscaling), dense gradients, non-finite steps (stop, rollback and its limit)."""
 
 import json
 import time
@@ -10,7 +11,10 @@ import tensorflow as tf
 
 from trainformer.config import ModelConfig, TrainConfig
 from trainformer.data.pipeline import eval_batches, pack, tokenize_documents, train_dataset
-from trainformer.model.heads import build_masked_lm
+from trainformer.data.tokenizer import PAD_ID
+from trainformer.model.heads import build_classifier, build_masked_lm
+from trainformer.tasks.classify import classify_sums
+from trainformer.tasks.mlm import masked_lm_sums
 from trainformer.train.checkpoint import Checkpoints
 from trainformer.train.loop import NonFiniteGradients, Trainer
 from trainformer.train.monitor import Monitor
@@ -32,7 +36,7 @@ def make_trainer(windows, tokenizer, dtype=None, **train):
     strategy = tf.distribute.get_strategy()
     model = build_masked_lm(MODEL, tokenizer.vocab_size, SEQ, dtype=dtype)
     optimizer = make_optimizer(config.learning_rate, 0, config.steps, config.weight_decay)
-    trainer = Trainer(model, optimizer, strategy, config)
+    trainer = Trainer(model, optimizer, strategy, config, masked_lm_sums, "masked_accuracy")
     data = train_dataset(windows, config.batch_size, config.seed, 0.15, tokenizer.vocab_size)
     return trainer, iter(data)
 
@@ -102,26 +106,102 @@ def test_fp16_overflow_skips_the_update_and_halves_the_scale(windows, tokenizer)
     assert int(trainer.optimizer.iterations) == 0  # the optimizer never saw the step
 
 
-def poisoned(windows, tokenizer, bad_batch: int) -> tf.data.Dataset:
-    """The training stream with NaN loss weights in batch number bad_batch."""
+def one_logged_step(trainer, windows, tokenizer, tmp_path) -> tuple[dict, list]:
+    """Train one step through fit() on the first batch: (its metrics.jsonl line, weight deltas)."""
+    before = [v.numpy() for v in trainer.model.trainable_variables]
+    valid = eval_batches(windows[:BATCH], BATCH, 0, 0.15, tokenizer.vocab_size)
+    fit(trainer, train_dataset(windows, BATCH, 42, 0.15, tokenizer.vocab_size), tmp_path, valid)
+    logged = [e for e in read_events(tmp_path) if e.get("split") == "train"]
+    assert len(logged) == 1
+    return logged[0], [v.numpy() - old for v, old in zip(trainer.model.trainable_variables, before)]
+
+
+def test_fp16_step_computes_the_fp32_update(windows, tokenizer, tmp_path):
+    """fp16 multiplies the loss by the scale and must divide the gradients back: the same
+    batch from the same weights gives fp32's gradient norm and weight update."""
+    config = {"steps": 1, "log_every": 1, "eval_every": 1}
+    fp32, _ = make_trainer(windows, tokenizer, **config)
+    fp16, _ = make_trainer(windows, tokenizer, dtype="mixed_float16", precision="fp16", **config)
+    for a, b in zip(fp32.model.trainable_variables, fp16.model.trainable_variables):
+        assert np.array_equal(a.numpy(), b.numpy()), a.path  # the same initial weights
+    # At the default 2**15 this summed-token loss overflows float16 in the backward pass (a
+    # skipped step); 2**10 does not, and unscaled gradients would still be 1024x too large.
+    fp16.loss_scale.scale.assign(2.0**10)
+    reference, reference_delta = one_logged_step(fp32, windows, tokenizer, tmp_path / "fp32")
+    mixed, mixed_delta = one_logged_step(fp16, windows, tokenizer, tmp_path / "fp16")
+    assert mixed["skipped_steps"] == 0 and mixed["loss_scale"] == 2.0**10
+    assert 0.1 < reference["grad_norm"] < 100
+    # The norm is what shows unscaled gradients: clipping and Adam hide their scale from the update.
+    assert mixed["grad_norm"] == pytest.approx(reference["grad_norm"], rel=0.02)
+    assert mixed["loss"] == pytest.approx(reference["loss"], rel=1e-3)
+    for a, b, variable in zip(mixed_delta, reference_delta, fp32.model.trainable_variables):
+        assert np.linalg.norm(b) > 0, variable.path  # every variable moved
+        assert np.linalg.norm(a - b) <= 0.05 * np.linalg.norm(b), variable.path
+
+
+def classifier_trainer(tokenizer) -> Trainer:
+    keras.utils.set_random_seed(7)
+    model = build_classifier(MODEL, tokenizer.vocab_size, SEQ, num_labels=3)
+    config = TrainConfig(batch_size=BATCH, steps=10, learning_rate=3e-3, warmup_steps=0)
+    optimizer = make_optimizer(config.learning_rate, 0, config.steps, config.weight_decay)
+    return Trainer(model, optimizer, tf.distribute.get_strategy(), config, classify_sums, "accuracy")
+
+
+@pytest.mark.parametrize("model", ["masked_lm", "masked_lm_fp16", "classifier"])
+def test_the_step_gets_dense_gradients_for_every_real_model(windows, tokenizer, model):
+    """AdamW on IndexedSlices with repeated ids drifts from the dense math (test_optim.py).
+    The masked LM's embedding gradient is dense already (its head is tied to the embedding:
+    output projection + lookup); the classifier's is not (lookup only), so the Trainer
+    densifies: every gradient it all-reduces is a dense tensor."""
+    if model == "classifier":
+        trainer = classifier_trainer(tokenizer)
+        ids = tf.constant(windows[:BATCH])  # (batch, seq), repeated ids in every row
+        batch = ({"token_ids": ids, "padding_mask": ids != PAD_ID}, {"labels": tf.range(BATCH, dtype=tf.int32) % 3})
+        with tf.GradientTape() as tape:
+            loss = classify_sums(trainer.model(batch[0], training=True), batch[1])["loss_sum"]
+        raw = dict(zip((v.path for v in trainer.model.trainable_variables),
+                       tape.gradient(loss, trainer.model.trainable_variables)))
+        assert isinstance(raw["token_embedding/embeddings"], tf.IndexedSlices)  # what the step must convert
+    else:
+        precision = {"masked_lm": {}, "masked_lm_fp16": {"dtype": "mixed_float16", "precision": "fp16"}}[model]
+        trainer, iterator = make_trainer(windows, tokenizer, **precision)
+        batch = next(iterator)
+    gradients, _ = trainer._compiled_gradients(*batch)  # what the step all-reduces
+    for gradient, variable in zip(gradients, trainer.model.trainable_variables):
+        assert not isinstance(gradient, tf.IndexedSlices), variable.path
+        assert isinstance(gradient, tf.Tensor) and gradient.shape == variable.shape, variable.path
+
+
+def poisoned(windows, tokenizer, *bad_batches: int) -> tf.data.Dataset:
+    """The training stream with NaN loss weights in the batches numbered bad_batches."""
     clean = train_dataset(windows, BATCH, 42, 0.15, tokenizer.vocab_size)
+    bad = tf.constant(bad_batches, tf.int64)
     return clean.enumerate().map(
         lambda index, batch: (batch[0], {**batch[1], "masked_weights": batch[1]["masked_weights"]
-                                          * tf.where(index == bad_batch, np.nan, 1.0)}))
+                                          * tf.where(tf.reduce_any(index == bad), np.nan, 1.0)}))
+
+
+def valid_loss(model, valid: list):
+    """evaluate() for fit: the masked-token loss on fixed batches."""
+    def evaluate() -> dict:
+        sums = [masked_lm_sums(model(inputs, training=False), targets) for inputs, targets in valid]
+        return {"loss": float(sum(s["loss_sum"] for s in sums) / sum(s["count"] for s in sums))}
+
+    return evaluate
 
 
 def fit(trainer, stream: tf.data.Dataset, tmp_path, valid: list):
     tmp_path.mkdir(exist_ok=True)
     checkpoints = Checkpoints(tmp_path / "checkpoints", 5, **trainer.checkpoint_objects())
     monitor = Monitor(tmp_path / "metrics.jsonl", tmp_path / "logs", 100, 1, out=open(tmp_path / "log", "w"))
-    trainer.fit(lambda number: iter(stream.skip(number)), valid, 0, monitor, checkpoints)
+    trainer.fit(lambda number: iter(stream.skip(number)), valid_loss(trainer.model, valid), monitor, checkpoints)
     return checkpoints
 
 
 def test_nan_batch_stops_training_before_it_reaches_the_weights(windows, tokenizer, tmp_path):
     trainer, _ = make_trainer(windows, tokenizer, checkpoint_every=2, log_every=1, eval_every=100)
     with pytest.raises(NonFiniteGradients, match=r"step 5: non-finite gradient for \S+") as info:
-        fit(trainer, poisoned(windows, tokenizer, bad_batch=4), tmp_path, [])
+        fit(trainer, poisoned(windows, tokenizer, 4), tmp_path, [])
     assert info.value.step == 5 and "checkpoints/ckpt-4" in str(info.value)
     assert all(np.all(np.isfinite(v.numpy())) for v in trainer.model.trainable_variables)
     assert int(trainer.optimizer.iterations) == 4
@@ -134,7 +214,7 @@ def test_nan_batch_rolls_back_to_the_checkpoint_and_skips_the_batches_since(wind
     config = {"steps": 8, "checkpoint_every": 4, "log_every": 1, "eval_every": 100}
     trainer, _ = make_trainer(windows, tokenizer, on_nan="rollback", **config)
     valid = eval_batches(windows[:BATCH], BATCH, 0, 0.15, tokenizer.vocab_size)
-    fit(trainer, poisoned(windows, tokenizer, bad_batch=5), tmp_path / "rollback", valid)
+    fit(trainer, poisoned(windows, tokenizer, 5), tmp_path / "rollback", valid)
 
     reference, _ = make_trainer(windows, tokenizer, **config)
     clean = train_dataset(windows, BATCH, 42, 0.15, tokenizer.vocab_size)
@@ -146,6 +226,39 @@ def test_nan_batch_rolls_back_to_the_checkpoint_and_skips_the_batches_since(wind
     events = [json.loads(line) for line in (tmp_path / "rollback" / "metrics.jsonl").read_text().splitlines()]
     rollback = next(e for e in events if e.get("event") == "rollback")
     assert (rollback["step"], rollback["to_step"], rollback["next_batch"]) == (6, 4, 6)
+
+
+def read_events(folder) -> list[dict]:
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_fourth_rollback_to_one_checkpoint_stops_the_run(windows, tokenizer, tmp_path):
+    """Batches 4-7 are all NaN: three rollbacks to ckpt-4 each skip one more, the fourth
+    non-finite step stops the run."""
+    config = {"steps": 12, "checkpoint_every": 4, "log_every": 1, "eval_every": 100}
+    trainer, _ = make_trainer(windows, tokenizer, on_nan="rollback", **config)
+    valid = eval_batches(windows[:BATCH], BATCH, 0, 0.15, tokenizer.vocab_size)
+    with pytest.raises(NonFiniteGradients, match="again after 3 rollbacks to the same checkpoint") as info:
+        fit(trainer, poisoned(windows, tokenizer, 4, 5, 6, 7), tmp_path, valid)
+    assert info.value.step == 5 and "checkpoints/ckpt-4" in str(info.value)
+    events = read_events(tmp_path)
+    rollbacks = [(e["step"], e["to_step"], e["next_batch"]) for e in events if e.get("event") == "rollback"]
+    assert rollbacks == [(5, 4, 5), (5, 4, 6), (5, 4, 7)]
+    assert sum(e.get("event") == "non_finite" for e in events) == 4
+    assert int(trainer.optimizer.iterations) == 4
+    assert all(np.all(np.isfinite(v.numpy())) for v in trainer.model.trainable_variables)
+
+
+def test_rollbacks_count_per_checkpoint(windows, tokenizer, tmp_path):
+    """Four rollbacks, two to ckpt-4 and two to ckpt-8: the run goes on to the end."""
+    config = {"steps": 12, "checkpoint_every": 4, "log_every": 1, "eval_every": 100}
+    trainer, _ = make_trainer(windows, tokenizer, on_nan="rollback", **config)
+    valid = eval_batches(windows[:BATCH], BATCH, 0, 0.15, tokenizer.vocab_size)
+    # ckpt-4 after batches 0-3; 4, 5 bad; steps 5-8 train on 6-9 (ckpt-8); 10, 11 bad.
+    fit(trainer, poisoned(windows, tokenizer, 4, 5, 10, 11), tmp_path, valid)
+    rollbacks = [(e["step"], e["to_step"]) for e in read_events(tmp_path) if e.get("event") == "rollback"]
+    assert rollbacks == [(5, 4), (5, 4), (9, 8), (9, 8)]
+    assert int(trainer.step) == 12 and int(trainer.data_offset) == 4
 
 
 def test_train_step_measures_the_wait_for_input(windows, tokenizer):

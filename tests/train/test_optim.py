@@ -1,11 +1,14 @@
-"""The learning-rate schedule and the gradient transform that keeps AdamW on the dense math."""
+"""The learning-rate schedule, AdamW with weight decay on the real models' matrices only, the fp16
+dynamic loss scale, and the gradient transform that keeps AdamW on the dense math."""
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainformer.train.optim import WarmupLinearDecay, dense_gradients, make_optimizer
+from trainformer.config import ModelConfig
+from trainformer.model.heads import build_classifier, build_masked_lm
+from trainformer.train.optim import DynamicLossScale, WarmupLinearDecay, dense_gradients, make_optimizer
 
 VOCAB, D = 10, 4
 IDS = np.array([1, 3, 1, 1, 7, 3])  # repeated ids: the case that matters
@@ -62,6 +65,69 @@ def test_no_weight_decay_on_biases_and_layernorm():
     assert np.all(np.asarray(kernel) < 1.0)
     np.testing.assert_array_equal(np.asarray(bias), 1.0)
     np.testing.assert_array_equal(np.asarray(gamma), 1.0)
+
+
+MODEL = ModelConfig(d_model=16, num_layers=1, num_heads=2, dff=32, dropout=0.0, norm="post", position="learned")
+ENCODER_KINDS = ["token_embedding/embeddings", "position_embedding/positions", "qkv/kernel", "qkv/bias",
+                 "attention_norm/gamma", "ffn_norm/beta", "embeddings_norm/gamma"]
+
+
+@pytest.mark.parametrize("build, kinds", [
+    (lambda: build_masked_lm(MODEL, vocab_size=50, max_length=8), ["mlm_head/output_bias", "mlm_head/norm/gamma"]),
+    (lambda: build_classifier(MODEL, vocab_size=50, max_length=8, num_labels=3), ["pooler/kernel", "logits/bias"]),
+], ids=["masked_lm", "classifier"])
+def test_weight_decay_on_the_real_model_hits_every_matrix_and_no_bias_or_layernorm(build, kinds):
+    """The real models' variables, by what they are: every kernel and embedding table (2-D or
+    more) is decayed; every bias and LayerNorm gamma/beta (1-D) is not."""
+    model = build()
+    variables = model.trainable_variables
+    optimizer = make_optimizer(peak=0.1, warmup_steps=0, total_steps=10, weight_decay=0.5)
+    optimizer.build(variables)
+    for variable in variables:  # biases and betas start at 0, where decay cannot show
+        variable.assign(np.ones(variable.shape, "float32"))
+    optimizer.apply([tf.zeros(v.shape) for v in variables], variables)  # only weight decay can move them
+    decayed = {v.path for v in variables if not np.all(v.numpy() == 1.0)}
+    matrices = {v.path for v in variables if len(v.shape) >= 2}
+    assert decayed == matrices
+    paths = " ".join(sorted(v.path for v in variables))  # the model has each kind being checked
+    for kind in ENCODER_KINDS + kinds:
+        assert kind in paths, kind
+
+
+# --- fp16 loss scale ------------------------------------------------------------------------
+
+def updates(scale: DynamicLossScale, finite: list[bool]) -> list[float]:
+    seen = []
+    for ok in finite:
+        scale.update(tf.constant(ok))
+        seen.append(float(scale.scale.numpy()))
+    return seen
+
+
+def test_loss_scale_doubles_after_exactly_growth_interval_finite_steps():
+    scale = DynamicLossScale(initial=8.0, growth_interval=3)
+    assert updates(scale, [True] * 7) == [8, 8, 16, 16, 16, 32, 32]
+    assert int(scale.good_steps) == 1 and int(scale.skipped_steps) == 0
+
+
+def test_loss_scale_halves_on_overflow_and_counts_the_skipped_step():
+    scale = DynamicLossScale(initial=2.0**15, growth_interval=3)
+    # An overflow halves the scale and restarts the count of good steps towards growth.
+    assert updates(scale, [True, True, False, True, True, False, False]) == [2**15, 2**15, 2**14, 2**14, 2**14,
+                                                                             2**13, 2**12]
+    assert int(scale.skipped_steps) == 3 and int(scale.good_steps) == 0
+    assert updates(scale, [True] * 3) == [2**12, 2**12, 2**13]
+
+
+def test_loss_scale_never_drops_below_one():
+    scale = DynamicLossScale(initial=2.0, growth_interval=100)
+    assert updates(scale, [False] * 3) == [1, 1, 1]
+    assert int(scale.skipped_steps) == 3
+
+
+def test_default_loss_scale_starts_at_2_to_the_15():
+    scale = DynamicLossScale()
+    assert float(scale.scale) == 32768.0 and scale.growth_interval == 2000
 
 
 # --- dense gradients ------------------------------------------------------------------------
