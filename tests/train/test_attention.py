@@ -201,7 +201,7 @@ def test_labels_are_token_text_with_a_cjk_font(tokenizer):
 def test_monitor_writes_the_image_to_the_valid_log(tmp_path, model, tokenizer):
     ids = np.array([[CLS_ID, 10, 11, 12, SEP_ID]], np.int32)
     snapshot = AttentionSnapshot(model, tokenizer, ids, layer=-1, font=None)
-    monitor = Monitor(tmp_path / "metrics.jsonl", tmp_path / "logs", total_steps=10, tokens_per_step=1)
+    monitor = Monitor(tmp_path / "metrics.jsonl", tmp_path / "logs", total_steps=10, items_per_step=1)
     snapshot.log(monitor, step=7)
     monitor.close()
     found = []

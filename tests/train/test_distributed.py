@@ -65,7 +65,7 @@ def test_batch_that_does_not_split_across_replicas_is_an_error(tmp_path, vocab_a
     result = trainformer("train", "--run-dir", str(tmp_path / "run"), *RUN, *vocab_args, "--set", "train.batch_size=15",
                          "--set", "train.strategy=mirrored", "--set", "runtime.cpu_devices=2", check=False)
     assert result.returncode == 2
-    assert "train.batch_size: 15 windows cannot be split evenly across 2 replicas" in result.stderr
+    assert "train.batch_size: 15 examples cannot be split evenly across 2 replicas" in result.stderr
 
 
 def launch(*args, env=ENV) -> subprocess.Popen:

@@ -11,7 +11,7 @@ import tensorflow as tf
 from trainformer.config import ExperimentConfig
 from trainformer.data.corpus import Corpus
 from trainformer.data.pipeline import (
-    cache_file, cached_token_stream, eval_batches, most_frequent_token, pack, split_targets, train_dataset,
+    cache_file, cached_token_stream, eval_batches, most_frequent_token, pack, train_dataset,
 )
 from trainformer.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, Tokenizer
 from trainformer.errors import UserError

@@ -120,7 +120,9 @@ class RunDir:
     @contextlib.contextmanager
     def lock(self):
         """Hold the run directory for this process (flock: the OS releases it if the process
-        dies), so two trainings never write one run. The holder's pid is in the lock file."""
+        dies), so two trainings never write one run. The holder's pid is in the lock file. A
+        directory made here that holds nothing else at the end is removed again."""
+        created = not self.root.exists()
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             handle = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
@@ -137,6 +139,9 @@ class RunDir:
             os.pwrite(handle, f"{os.getpid()}\n".encode(), 0)
             yield
         finally:
+            if created and [p.name for p in self.root.iterdir()] == [self.lock_file.name]:
+                self.lock_file.unlink()  # a run that failed before writing anything leaves nothing
+                self.root.rmdir()
             os.close(handle)  # releases the lock
 
     def prepare(self, config: ExperimentConfig) -> None:
