@@ -72,8 +72,10 @@ def launch(workers: int, command: list[str], out=sys.stdout, debug: bool | None 
     processes = []
     for index in range(workers):
         env = {**os.environ, "TF_CONFIG": tf_config(ports, index)}
+        # Its own session: a Ctrl-C at the terminal reaches the launcher only, which forwards it
+        # once (twice would be a worker's "second Ctrl-C": stop at once, without saving).
         process = subprocess.Popen(
-            [sys.executable, "-m", "trainformer", *command], env=env, text=True,
+            [sys.executable, "-m", "trainformer", *command], env=env, text=True, start_new_session=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
         )
         # The chief's progress lines come through as they are; the others' are marked.
