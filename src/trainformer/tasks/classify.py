@@ -121,8 +121,8 @@ class ClassifyTask:
         return train_dataset(self.examples["train"], t.batch_size, t.seed, self.config.data.seq_len, start_batch)
 
     def attention_windows(self) -> np.ndarray:
-        first = eval_batches(self.examples["valid"], 1, self.config.data.seq_len)[0]
-        return first[0]["token_ids"].numpy()
+        valid = self.examples["valid"]
+        return valid["flat"][: valid["lengths"][0]][None]  # (1, length): the first valid example
 
     def evaluator(self, model: keras.Model):
         """evaluate(split) -> loss and classification_metrics on every example of the split."""
