@@ -63,8 +63,7 @@ def load_cached(path: Path) -> dict[str, np.ndarray]:
 
 
 def cache_file(cache_dir: Path, tokenizer: Tokenizer, fingerprint: str, split: str, seq_len: int) -> Path:
-    vocab_hash = hashlib.sha256("\n".join(tokenizer.vocab).encode("utf-8")).hexdigest()
-    key = hashlib.sha256(f"{fingerprint}:{vocab_hash}:{split}:{seq_len}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{fingerprint}:{tokenizer.vocab_hash}:{split}:{seq_len}".encode()).hexdigest()[:16]
     return cache_dir / f"{split}-examples-{key}.npz"
 
 

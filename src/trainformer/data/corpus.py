@@ -63,16 +63,16 @@ def load_corpus(name_or_path: str, valid_fraction: float) -> Corpus:
     if not documents:
         raise UserError(f"data.corpus: {source}: no usable text after cleaning ({dict(skipped)})")
     train, valid = split(documents, valid_fraction)
-    enough = math.ceil(3 / valid_fraction)
-    if (not train or not valid) and len(documents) >= enough:
-        raise UserError(
-            f"data.corpus: {source}: none of its {len(documents)} documents hashes into the "
-            f"{'valid' if not valid else 'train'} share (data.valid_fraction={valid_fraction}): was it already "
-            f"split by content hash, e.g. the train split of a labelled set? Raise data.valid_fraction"
-        )
     if not train or not valid:
         # Each document goes to valid with probability valid_fraction (by its hash): a few
         # held-out documents need about 3 / valid_fraction of them.
+        enough = math.ceil(3 / valid_fraction)
+        if len(documents) >= enough:
+            raise UserError(
+                f"data.corpus: {source}: none of its {len(documents)} documents hashes into the "
+                f"{'valid' if not valid else 'train'} share (data.valid_fraction={valid_fraction}): was it "
+                f"already split by content hash, e.g. the train split of a labelled set? Raise data.valid_fraction"
+            )
         raise UserError(
             f"data.corpus: {source}: {len(documents)} documents are too few to split with "
             f"data.valid_fraction={valid_fraction} (train {len(train)}, valid {len(valid)}); give it at least "

@@ -55,8 +55,7 @@ def cached_token_stream(
 
 def cache_file(cache_dir: Path, tokenizer: Tokenizer, corpus_fingerprint: str, split: str) -> Path:
     """Where the token stream of one split of one corpus under one vocabulary is cached."""
-    vocab_hash = hashlib.sha256("\n".join(tokenizer.vocab).encode("utf-8")).hexdigest()
-    key = hashlib.sha256(f"{corpus_fingerprint}:{vocab_hash}:{split}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{corpus_fingerprint}:{tokenizer.vocab_hash}:{split}".encode()).hexdigest()[:16]
     return cache_dir / f"{split}-{key}.npy"
 
 

@@ -10,6 +10,7 @@ HF's own WordPiece trainer is not used: it is not deterministic (huggingface/tok
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Iterable
@@ -97,6 +98,11 @@ class Tokenizer(tf.Module):
     @property
     def vocab_size(self) -> int:
         return len(self.vocab)
+
+    @property
+    def vocab_hash(self) -> str:
+        """sha256 of the vocabulary: part of every token cache key (new ids, new cache)."""
+        return hashlib.sha256("\n".join(self.vocab).encode("utf-8")).hexdigest()
 
     def __call__(self, texts: tf.Tensor) -> tf.RaggedTensor:
         """(batch,) strings -> (batch, None) int32 ids, no special tokens added."""

@@ -63,9 +63,9 @@ class MaskedLMTask:
                                                          corpus.fingerprint, split)
             self.was_cached &= cached
         self._use_streams(streams)
-        if len(self.train_windows) < self.config.train.batch_size:
+        if len(self.windows["train"]) < self.config.train.batch_size:
             raise UserError(
-                f"train.batch_size: {self.config.train.batch_size} is more than the {len(self.train_windows)} "
+                f"train.batch_size: {self.config.train.batch_size} is more than the {len(self.windows['train'])} "
                 f"training windows of data.seq_len={self.config.data.seq_len} in {corpus.source}"
             )
 
@@ -83,8 +83,7 @@ class MaskedLMTask:
 
     def _use_streams(self, streams: dict[str, np.ndarray]) -> None:
         seq_len = self.config.data.seq_len
-        self.windows = {split: pack(stream, seq_len) for split, stream in streams.items()}
-        self.train_windows, self.valid_windows = self.windows["train"], self.windows["valid"]
+        self.windows = {split: pack(stream, seq_len) for split, stream in streams.items()}  # (n, seq_len) each
         self.baseline_id = most_frequent_token(streams["train"])
 
     def build_model(self) -> keras.Model:
@@ -94,11 +93,11 @@ class MaskedLMTask:
 
     def train_batches(self, start_batch: int) -> tf.data.Dataset:
         t = self.config.train
-        return train_dataset(self.train_windows, t.batch_size, t.seed, self.config.data.mask_rate, self.vocab_size,
+        return train_dataset(self.windows["train"], t.batch_size, t.seed, self.config.data.mask_rate, self.vocab_size,
                              start_batch=start_batch)
 
     def attention_windows(self) -> np.ndarray:
-        return self.valid_windows
+        return self.windows["valid"]
 
     def evaluator(self, model: keras.Model):
         """evaluate(split) -> loss, perplexity, masked accuracy and the accuracy of always
@@ -144,8 +143,9 @@ class MaskedLMTask:
     def summary_lines(self) -> list[str]:
         t, seq_len = self.config.train, self.config.data.seq_len
         accumulate = f" x {t.accumulate} accumulated" if t.accumulate > 1 else ""
-        return [f"data: {len(self.train_windows):,} train / {len(self.valid_windows):,} valid windows of {seq_len} "
-                f"tokens; batch {t.batch_size}{accumulate} ({self.items_per_step:,} tokens/step)"]
+        train, valid = len(self.windows["train"]), len(self.windows["valid"])
+        return [f"data: {train:,} train / {valid:,} valid windows of {seq_len} tokens; "
+                f"batch {t.batch_size}{accumulate} ({self.items_per_step:,} tokens/step)"]
 
     @staticmethod
     def result_lines(final: dict) -> list[str]:
@@ -164,8 +164,8 @@ class MaskedLMTask:
             "valid_documents": len(corpus.valid),
             "characters": corpus.num_chars,
             "skipped_lines": dict(corpus.skipped),
-            "train_windows": len(self.train_windows),
-            "valid_windows": len(self.valid_windows),
+            "train_windows": len(self.windows["train"]),
+            "valid_windows": len(self.windows["valid"]),
         }
 
     def predict(self, model: keras.Model, texts: list[str]) -> list[dict]:
