@@ -3,11 +3,12 @@ starts from (model.init_from), from tokenizer.vocab_file, or learned from the tr
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 from trainformer.config import ExperimentConfig
-from trainformer.data.tokenizer import VOCAB_FILE, Tokenizer, copy_vocab, train_vocab
+from trainformer.data.tokenizer import SETTINGS_FILE, VOCAB_FILE, Tokenizer, copy_vocab, train_vocab
 from trainformer.errors import UserError
 
 
@@ -25,9 +26,10 @@ def run_vocabulary(config: ExperimentConfig, tokenizer_dir: Path, texts: list[st
                         f"on storage every worker sees")
     elif config.model.init_from:
         # The encoder's embedding rows are indexed by the pretraining run's ids: use its vocabulary.
-        source = Tokenizer.load(Path(config.model.init_from) / "tokenizer")
-        copy_vocab(str(Path(config.model.init_from) / "tokenizer" / VOCAB_FILE), tokenizer_dir, source.lowercase)
-        say(f"vocabulary: {source.vocab_size:,} tokens from model.init_from={config.model.init_from}")
+        source = Path(config.model.init_from) / "tokenizer"
+        lowercase = json.loads((source / SETTINGS_FILE).read_text())["lowercase"]
+        say(f"vocabulary: {copy_vocab(str(source / VOCAB_FILE), tokenizer_dir, lowercase)} "
+            f"(from model.init_from={config.model.init_from})")
     elif tok.vocab_file:
         say(f"vocabulary: {copy_vocab(tok.vocab_file, tokenizer_dir, tok.lowercase)} (from {tok.vocab_file})")
     else:
