@@ -26,3 +26,15 @@ def vocab_dir(corpus, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tokenizer(vocab_dir):
     return Tokenizer.load(vocab_dir)
+
+
+@pytest.fixture(scope="session")
+def intent_export(tmp_path_factory):
+    """A tiny classifier trained 20 steps on the real chatterbot intents, exported in every
+    format (quantized TFLite too) by the real command: (run dir, export dir "intent", stdout)."""
+    from cli_helpers import TINY, trainformer
+
+    root = tmp_path_factory.mktemp("intent")
+    trainformer("train", "zh-intent", "--run-dir", str(root / "run"), *TINY, "--set", "train.steps=20")
+    result = trainformer("export", str(root / "run"), "--out", str(root / "intent"), "--quantize", "dynamic,float16")
+    return root / "run", root / "intent", result.stdout

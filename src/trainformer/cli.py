@@ -51,6 +51,17 @@ def parser() -> argparse.ArgumentParser:
     predict.add_argument("--checkpoint", choices=("latest", "best"), default="latest",
                          help="the newest checkpoint (default) or the one with the lowest valid loss")
 
+    export = verb("export", help="write a run's model as a SavedModel (text in), TFLite and ONNX, checked for parity")
+    export.add_argument("run_dir", type=Path, help="a run directory written by train (or import hf)")
+    export.add_argument("--format", default="saved_model,tflite,onnx", metavar="F[,F]",
+                        help="comma-separated: saved_model, tflite, onnx (default: all three)")
+    export.add_argument("--out", type=Path, help="the export directory (default: RUN_DIR/export; an earlier "
+                                                 "export there is replaced)")
+    export.add_argument("--checkpoint", choices=("latest", "best"), default="latest",
+                        help="the newest checkpoint (default) or the one with the lowest valid loss")
+    export.add_argument("--quantize", default="", metavar="Q[,Q]",
+                        help="also write quantized TFLite models: dynamic (int8 weights), float16")
+
     importer = verb("import", help="turn another framework's checkpoint into a run directory")
     importer.add_argument("format", choices=("hf",), help="hf: a Hugging Face BERT folder (config.json, "
                                                           "model.safetensors, vocab.txt)")
@@ -74,6 +85,22 @@ def parser() -> argparse.ArgumentParser:
     launch.add_argument("--workers", type=int, required=True, metavar="N",
                         help="worker processes to start on this machine (127.0.0.1)")
     launch.add_argument("command", nargs=argparse.REMAINDER, help="'--' then the train command line")
+
+    serve = verb("serve", help="serve an exported model over TF Serving's REST API, with dynamic batching")
+    serve.add_argument("model_dir", type=Path, metavar="MODEL_DIR", help="a folder written by trainformer export")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this host only)")
+    serve.add_argument("--port", type=int, default=8501, help="port (default 8501, TF Serving's REST port; 0: any free)")
+    serve.add_argument("--name", help="the model's name in URLs (default: MODEL_DIR's folder name)")
+    serve.add_argument("--max-batch", type=int, default=64,
+                       help="most instances merged into one model call (default 64; 1 turns batching off)")
+    serve.add_argument("--batch-timeout-ms", type=float, default=0.0,
+                       help="how long a batch waits for more requests; 0 (default): merge only those already "
+                            "waiting, which under load is most of them")
+    serve.add_argument("--max-instances", type=int, default=1024, help="most instances per request (default 1024)")
+    serve.add_argument("--max-body-mb", type=float, default=4.0, help="largest request body in MiB (default 4)")
+    serve.add_argument("--max-queue", type=int, default=4096,
+                       help="most instances waiting for the model; beyond it requests get 503 (default 4096)")
+    serve.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
 
     data = verb("data", help="built-in corpora")
     data.add_argument("action", choices=("list",), help="list: name and description of each recipe")
@@ -113,6 +140,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.verb == "serve":
+        from trainformer.serve.server import Limits, serve
+
+        limits = Limits(max_body_bytes=int(args.max_body_mb * (1 << 20)), max_instances=args.max_instances)
+        return serve(args.model_dir, args.host, args.port, args.name, max_batch=args.max_batch,
+                     batch_timeout_ms=args.batch_timeout_ms, max_queue=args.max_queue, limits=limits,
+                     access_log=args.access_log)
+
     if args.verb == "data":
         from trainformer.data.recipes import RECIPES
 
@@ -156,6 +191,20 @@ def run(args: argparse.Namespace) -> int:
             for result in answer(chunk):
                 print(json.dumps(result, ensure_ascii=False), flush=True)
         return 0
+
+    if args.verb == "export":
+        from trainformer.export import export_run
+        from trainformer.export.parity import failures, report_lines
+
+        quantize = tuple(q for q in args.quantize.split(",") if q)
+        metadata = export_run(args.run_dir, args.out, formats=tuple(f for f in args.format.split(",") if f),
+                              which=args.checkpoint, quantize=quantize)
+        print("\n".join(report_lines(metadata["parity"])))
+        problems = failures(metadata["parity"], quantize)
+        for line in problems:
+            print(f"trainformer: parity failed: {line}", file=sys.stderr)
+        print(f"exported step {metadata['step']} to {args.out or args.run_dir / 'export'}")
+        return 1 if problems else 0
 
     if args.verb == "import":
         from trainformer.hf_import import import_hf_bert

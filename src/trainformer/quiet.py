@@ -45,6 +45,8 @@ HARMLESS = [re.compile(pattern) for pattern in (
     rb"\] BaseCollectiveExecutor::StartAbort ",
     # Length-bucketed classification batches come in a few widths, one trace each, by design.
     rb"^WARNING:tensorflow:\d+ out of the last \d+ calls to .* triggered tf\.function retracing",
+    # LiteRT's interpreter saying it uses its default CPU kernels (export's parity check).
+    rb"^INFO: Created TensorFlow Lite XNNPACK delegate for CPU\.$",
 )]
 
 # A line that begins something new (so it is never taken for the tail of a dropped record).

@@ -19,7 +19,7 @@ from typing import Iterator
 import numpy as np
 import tensorflow as tf
 
-from trainformer.data.tokenizer import CLS_ID, PAD_ID, SEP_ID, Tokenizer
+from trainformer.data.tokenizer import PAD_ID, Tokenizer, frame
 
 BUCKET_BATCHES = 20  # batches per chunk sorted by length: similar lengths, still a fresh mix per epoch
 PAD_MULTIPLE = 16
@@ -30,9 +30,7 @@ def encode(tokenizer: Tokenizer, texts: list[str], seq_len: int, batch_size: int
     truncation), as (flat ids int32, lengths int32)."""
     pieces, lengths = [], []
     for start in range(0, len(texts), batch_size):
-        ids = tokenizer(tf.constant(texts[start : start + batch_size]))[:, : seq_len - 2]  # (batch, None)
-        rows = ids.nrows()
-        ids = tf.concat([tf.fill([rows, 1], CLS_ID), ids, tf.fill([rows, 1], SEP_ID)], axis=1)
+        ids, _ = frame(tokenizer(tf.constant(texts[start : start + batch_size])), seq_len)  # (batch, None)
         pieces.append(ids.flat_values.numpy())
         lengths.append(ids.row_lengths().numpy().astype(np.int32))
     if not pieces:

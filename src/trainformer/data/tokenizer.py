@@ -67,6 +67,15 @@ def _write_vocab(out_dir: Path, vocab: list[str], lowercase: bool) -> Path:
     return out_dir / VOCAB_FILE
 
 
+def frame(ids: tf.RaggedTensor, seq_len: int) -> tuple[tf.RaggedTensor, tf.Tensor]:
+    """(batch, None) ids -> `[CLS] ids [SEP]` cut to seq_len (the text's end is dropped, BERT's
+    truncation), and whether each row was cut: (batch,) bool."""
+    rows = ids.nrows()
+    truncated = ids.row_lengths() > seq_len - 2
+    framed = tf.concat([tf.fill([rows, 1], CLS_ID), ids[:, : seq_len - 2], tf.fill([rows, 1], SEP_ID)], axis=1)
+    return framed, truncated
+
+
 class Tokenizer(tf.Module):
     """In-graph WordPiece tokenizer for training input and serving.
 

@@ -47,7 +47,8 @@ class MaskedLMHead(keras.layers.Layer):
         )
 
     def call(self, sequence, masked_positions):
-        gathered = ops.take_along_axis(sequence, ops.cast(masked_positions, "int32")[..., None], axis=1)
+        # expand_dims, not [..., None]: TFLite has no StridedSlice with new axes
+        gathered = ops.take_along_axis(sequence, ops.expand_dims(ops.cast(masked_positions, "int32"), -1), axis=1)
         hidden = self._norm(self._transform(gathered))  # (batch, P, d)
         return self.token_embedding(hidden, reverse=True) + ops.cast(self.output_bias, "float32")
 

@@ -243,7 +243,8 @@ class TransformerEncoderBlock(keras.layers.Layer):
         scores = ops.einsum("bqhd,bkhd->bhqk", query, key)  # (batch, heads, seq, seq)
         scores = ops.cast(scores, "float32")  # softmax in fp32 under mixed precision
         if padding_mask is not None:
-            keep = ops.cast(padding_mask, "bool")[:, None, None, :]  # (batch, 1, 1, seq)
+            # expand_dims, not [:, None, None, :]: TFLite has no StridedSlice with new axes
+            keep = ops.expand_dims(ops.expand_dims(ops.cast(padding_mask, "bool"), 1), 1)  # (batch, 1, 1, seq)
             scores = ops.where(keep, scores, -1e9)
         return ops.softmax(scores, axis=-1)
 

@@ -10,8 +10,10 @@ task owns the rest (DESIGN.md "Tasks", after Model Garden's Task, kept smaller):
     task.train_batches(start_batch)         # global batches, batch n a pure function of (seed, n)
     evaluate = task.evaluator(model)        # evaluate("valid") -> metrics with "loss"
     task.eval_line(metrics), task.summary_lines(), task.result_lines(final), task.manifest_data()
+    task.eval_batches(split)                # the fixed held-out (inputs, targets) batches evaluate scores
     task.on_eval(monitor, step, metrics)    # e.g. a confusion matrix image
-    task.predict(model, texts)              # one dict per text: what `trainformer predict` prints
+    serving = task.serving(model)           # in-graph answers: text(texts), ids(...), exported_functions()
+    serving.answer(texts)                   # one dict per text: what `trainformer predict` prints
 
 `accuracy_name` names the accuracy the Trainer logs; `unit`/`items_per_step` its throughput.
 A task never imports another task.

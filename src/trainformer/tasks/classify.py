@@ -10,11 +10,9 @@ import tensorflow as tf
 from PIL import Image, ImageDraw
 
 from trainformer.config import ExperimentConfig
-from trainformer.data.classify_pipeline import (
-    cache_file, cached_encode, encode, eval_batches, gather_batch, load_cached, train_dataset,
-)
+from trainformer.data.classify_pipeline import cache_file, cached_encode, eval_batches, load_cached, train_dataset
 from trainformer.data.labelled import LabelledCorpus
-from trainformer.data.tokenizer import Tokenizer
+from trainformer.data.tokenizer import PAD_ID, Tokenizer, frame
 from trainformer.errors import UserError
 from trainformer.files import write_atomic
 from trainformer.model.heads import build_classifier
@@ -131,11 +129,7 @@ class ClassifyTask:
 
         def evaluate(split: str = "valid") -> dict:
             if split not in batches:
-                if not len(self.examples[split]["lengths"]):
-                    raise UserError(f"eval --split {split}: this run has no {split} examples "
-                                    f"(data.test_fraction is {self.config.data.test_fraction})")
-                batches[split] = eval_batches(self.examples[split], self.config.train.batch_size,
-                                              self.config.data.seq_len)
+                batches[split] = self.eval_batches(split)
             losses, labels, predictions = 0.0, [], []
             for inputs, targets in batches[split]:
                 logits = logits_of(inputs)
@@ -147,6 +141,13 @@ class ClassifyTask:
             return {"loss": losses / max(len(labels), 1), **metrics}
 
         return evaluate
+
+    def eval_batches(self, split: str) -> list[tuple[dict, dict]]:
+        """Every example of a split once: fixed (inputs, targets) batches of similar length."""
+        if not len(self.examples[split]["lengths"]):
+            raise UserError(f"eval --split {split}: this run has no {split} examples "
+                            f"(data.test_fraction is {self.config.data.test_fraction})")
+        return eval_batches(self.examples[split], self.config.train.batch_size, self.config.data.seq_len)
 
     def on_eval(self, monitor, step: int, metrics: dict) -> None:
         """The confusion matrix as a TensorBoard image (Images -> confusion_matrix)."""
@@ -181,15 +182,59 @@ class ClassifyTask:
             "skipped_lines": dict(corpus.skipped),
         }
 
-    def predict(self, model: keras.Model, texts: list[str]) -> list[dict]:
-        """The label, its probability and every label's probability, per text."""
-        flat, lengths = encode(self.tokenizer, texts, self.config.data.seq_len)
-        ragged = tf.RaggedTensor.from_row_lengths(flat, lengths)
-        inputs, _ = gather_batch(ragged, tf.zeros([len(texts)], tf.int32), tf.range(len(texts)),
-                                 self.config.data.seq_len)
-        probabilities = tf.nn.softmax(model(inputs, training=False)).numpy()  # (texts, labels)
-        return [{"text": text, "label": self.labels[int(row.argmax())], "probability": round(float(row.max()), 6),
-                 "probabilities": {label: round(float(p), 6) for label, p in zip(self.labels, row)}}
+    def serving(self, model: keras.Model) -> "ClassifyServing":
+        return ClassifyServing(model, self.tokenizer, self.labels, self.config.data.seq_len)
+
+
+class ClassifyServing(tf.Module):
+    """A classify run's answers as in-graph functions: `trainformer predict` calls them and
+    `trainformer export` saves them (serving_default = `text`, serve_ids = `ids`), so a served
+    model answers exactly what predict printed.
+
+    Example:
+        serving = task.serving(model)
+        serving.text(tf.constant(["今天天气怎么样"]))["label"]  # (1,) string
+    """
+
+    def __init__(self, model: keras.Model, tokenizer: Tokenizer, labels: list[str], seq_len: int):
+        super().__init__(name="classify_serving")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.label_names = labels
+        self.labels = tf.constant(labels)
+        self.seq_len = seq_len
+
+    def exported_functions(self) -> dict:
+        """SavedModel signature name -> function (not an attribute: `signatures` is reserved)."""
+        return {"serving_default": self.text, "serve_ids": self.ids}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    def encode(self, text):
+        """Texts -> ({token_ids (batch, L) int32}, truncated (batch,) bool), as training encodes."""
+        ids, truncated = frame(self.tokenizer(text), self.seq_len)
+        return {"token_ids": ids.to_tensor(PAD_ID)}, truncated
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="token_ids")])
+    def ids(self, token_ids):
+        """`[CLS] ... [SEP]` ids padded with [PAD] (batch, L) -> logits and probabilities
+        (batch, labels) float32, label_ids (batch,) int32."""
+        logits = self.model({"token_ids": token_ids, "padding_mask": token_ids != PAD_ID}, training=False)
+        return {"logits": logits, "probabilities": tf.nn.softmax(logits),
+                "label_ids": tf.argmax(logits, axis=-1, output_type=tf.int32)}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    def text(self, text):
+        """Texts (batch,) -> ids' outputs plus label (batch,) string and truncated (batch,) bool
+        (the text was longer than data.seq_len tokens and its end was dropped, as in training)."""
+        inputs, truncated = self.encode(text)
+        answer = self.ids(**inputs)
+        return {**answer, "label": tf.gather(self.labels, answer["label_ids"]), "truncated": truncated}
+
+    def answer(self, texts: list[str]) -> list[dict]:
+        """`trainformer predict`: the label, its probability and every label's probability."""
+        probabilities = self.text(tf.constant(texts))["probabilities"].numpy()  # (texts, labels)
+        return [{"text": text, "label": self.label_names[int(row.argmax())], "probability": round(float(row.max()), 6),
+                 "probabilities": {label: round(float(p), 6) for label, p in zip(self.label_names, row)}}
                 for text, row in zip(texts, probabilities)]
 
 

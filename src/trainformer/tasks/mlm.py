@@ -13,7 +13,7 @@ from trainformer.data.corpus import Corpus
 from trainformer.data.pipeline import (
     cache_file, cached_token_stream, eval_batches, most_frequent_token, pack, train_dataset,
 )
-from trainformer.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, Tokenizer
+from trainformer.data.tokenizer import MASK_ID, PAD_ID, SPECIAL_TOKENS, Tokenizer, frame
 from trainformer.errors import UserError
 from trainformer.model.heads import build_masked_lm
 from trainformer.tasks import DTYPE_POLICIES
@@ -22,6 +22,7 @@ from trainformer.train.run_dir import RunDir
 
 EVAL_SEED = 20260101  # fixed: every eval of every run scores the same valid targets
 TOP_K = 5  # candidates `predict` prints for each [MASK]
+MASK_TOKEN = SPECIAL_TOKENS[MASK_ID]
 
 
 def masked_lm_sums(logits: tf.Tensor, targets: dict) -> dict[str, tf.Tensor]:
@@ -106,11 +107,8 @@ class MaskedLMTask:
         batches = {}
 
         def evaluate(split: str = "valid") -> dict:
-            if split not in self.windows:
-                raise UserError(f"eval --split {split}: a masked-LM run has train and valid windows only")
             if split not in batches:
-                batches[split] = eval_batches(self.windows[split], self.config.train.batch_size, EVAL_SEED,
-                                              self.config.data.mask_rate, self.vocab_size)
+                batches[split] = self.eval_batches(split)
             totals: dict[str, float] = {}
             for inputs, targets in batches[split]:
                 for key, value in sums(inputs, targets).items():
@@ -126,6 +124,13 @@ class MaskedLMTask:
             }
 
         return evaluate
+
+    def eval_batches(self, split: str) -> list[tuple[dict, dict]]:
+        """The split's windows once, cloze-masked with EVAL_SEED: fixed (inputs, targets) batches."""
+        if split not in self.windows:
+            raise UserError(f"eval --split {split}: a masked-LM run has train and valid windows only")
+        return eval_batches(self.windows[split], self.config.train.batch_size, EVAL_SEED, self.config.data.mask_rate,
+                            self.vocab_size)
 
     def _eval_sums(self, model: keras.Model, inputs: dict, targets: dict) -> dict:
         sums = masked_lm_sums(model(inputs, training=False), targets)
@@ -168,26 +173,79 @@ class MaskedLMTask:
             "valid_windows": len(self.windows["valid"]),
         }
 
-    def predict(self, model: keras.Model, texts: list[str]) -> list[dict]:
-        """Fill each [MASK] of each text: the TOP_K tokens and their probabilities."""
+    def serving(self, model: keras.Model) -> "FillMaskServing":
+        return FillMaskServing(model, self.tokenizer, self.config.data.seq_len)
+
+
+class FillMaskServing(tf.Module):
+    """A masked-LM run's answers as in-graph functions: the TOP_K tokens for each [MASK] of a
+    text. `trainformer predict` calls them and `trainformer export` saves them
+    (serving_default = `text`, serve_ids = `ids`).
+
+    Example:
+        serving = task.serving(model)
+        serving.text(tf.constant(["今天[MASK]气很好"]))["tokens"]  # (1, 1, TOP_K) string
+    """
+
+    def __init__(self, model: keras.Model, tokenizer: Tokenizer, seq_len: int):
+        super().__init__(name="fill_mask_serving")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.vocab = tf.constant(tokenizer.vocab)
+        self.seq_len = seq_len
+
+    def exported_functions(self) -> dict:
+        """SavedModel signature name -> function (not an attribute: `signatures` is reserved)."""
+        return {"serving_default": self.text, "serve_ids": self.ids}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    def encode(self, text):
+        """Texts with [MASK]s -> ({token_ids (batch, L), masked_positions (batch, masks)} int32,
+        truncated (batch,) bool). The text between [MASK]s is tokenized as in training; rows
+        with fewer masks than the longest are padded with position 0."""
+        parts = tf.strings.split(text, MASK_TOKEN)  # (batch, parts)
+        pieces = self.tokenizer(parts.flat_values).with_row_splits_dtype(tf.int64)  # (all parts, None)
+        follows_mask = tf.cast(tf.ragged.range(parts.row_lengths()).flat_values > 0, tf.int64)  # not a text's first part
+        masks = tf.RaggedTensor.from_row_lengths(tf.fill([tf.reduce_sum(follows_mask)], MASK_ID), follows_mask)
+        ids = tf.RaggedTensor.from_row_lengths(tf.concat([masks, pieces], axis=1), parts.row_lengths())
+        ids, truncated = frame(ids.merge_dims(1, 2), self.seq_len)  # (batch, None)
+        token_ids = ids.to_tensor(PAD_ID)
+        columns = tf.broadcast_to(tf.range(tf.shape(token_ids)[1]), tf.shape(token_ids))
+        positions = tf.ragged.boolean_mask(columns, token_ids == MASK_ID)  # (batch, masks)
+        return {"token_ids": token_ids, "masked_positions": positions.to_tensor(0)}, truncated
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="token_ids"),
+                                  tf.TensorSpec([None, None], tf.int32, name="masked_positions")])
+    def ids(self, token_ids, masked_positions):
+        """ids (batch, L) and positions (batch, masks) -> logits (batch, masks, vocab) float32,
+        the TOP_K ids (batch, masks, TOP_K) int32 and their probabilities as scores."""
+        logits = self.model({"token_ids": token_ids, "padding_mask": token_ids != PAD_ID,
+                             "masked_positions": masked_positions}, training=False)
+        scores, top_ids = tf.math.top_k(tf.nn.softmax(logits), k=TOP_K)
+        return {"logits": logits, "top_ids": top_ids, "scores": scores}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    def text(self, text):
+        """Texts (batch,) -> tokens (batch, masks, TOP_K) string and scores float32 (empty and
+        0 past a text's own masks), mask_count (batch,) int32, truncated (batch,) bool."""
+        inputs, truncated = self.encode(text)
+        answer = self.ids(**inputs)
+        mask_count = tf.reduce_sum(tf.cast(inputs["token_ids"] == MASK_ID, tf.int32), axis=1)
+        real = tf.sequence_mask(mask_count, tf.shape(inputs["masked_positions"])[1])[..., None]  # (batch, masks, 1)
+        tokens = tf.where(real, tf.gather(self.vocab, answer["top_ids"]), "")
+        return {"tokens": tokens, "scores": tf.where(real, answer["scores"], 0.0), "mask_count": mask_count,
+                "truncated": truncated}
+
+    def answer(self, texts: list[str]) -> list[dict]:
+        """`trainformer predict`: each [MASK]'s TOP_K tokens and their probabilities."""
+        out = {key: value.numpy() for key, value in self.text(tf.constant(texts)).items()}
         results = []
-        for text in texts:
-            pieces = [self.tokenizer(tf.constant([part]))[0].numpy().tolist() for part in text.split("[MASK]")]
-            ids = pieces[0]
-            for piece in pieces[1:]:
-                ids += [MASK_ID] + piece
-            ids = ([CLS_ID] + ids)[: self.config.data.seq_len - 1] + [SEP_ID]
-            positions = [i for i, token in enumerate(ids) if token == MASK_ID]
-            if not positions:
+        for text, tokens, scores, count in zip(texts, out["tokens"], out["scores"], out["mask_count"]):
+            if not count:
                 results.append({"text": text, "error": "no [MASK] in the text"})
                 continue
-            token_ids = tf.constant([ids], tf.int32)
-            logits = model({"token_ids": token_ids, "padding_mask": token_ids != PAD_ID,
-                            "masked_positions": tf.constant([positions], tf.int32)}, training=False)
-            probabilities = tf.nn.softmax(logits[0]).numpy()  # (masks, vocab)
             results.append({"text": text, "masks": [
-                [{"token": self.tokenizer.vocab[i], "probability": round(float(row[i]), 6)}
-                 for i in np.argsort(-row)[:TOP_K]]
-                for row in probabilities
+                [{"token": token.decode(), "probability": round(float(score), 6)} for token, score in zip(*mask)]
+                for mask in zip(tokens[:count], scores[:count])
             ]})
         return results

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from trainformer.tasks import load_source, task_for
@@ -10,12 +11,15 @@ from trainformer.train.run_dir import RunDir
 from trainformer.train.strategy import make_strategy
 
 
-def load_run(run_dir: Path, which: str = "latest"):
+def load_run(run_dir: Path, which: str = "latest", precision: str | None = None):
     """(task, model, checkpoint path, step) of a run's latest or best checkpoint. The task's
     data comes from the run's cache, so the corpus may have moved since training; only a run
-    whose cache was deleted reads its corpus again."""
+    whose cache was deleted reads its corpus again. `precision` (e.g. "fp32") builds the model
+    in another precision than the run trained in (checkpoints hold float32 weights)."""
     run = RunDir(run_dir)
     config = run.load_config()
+    if precision:
+        config = dataclasses.replace(config, train=dataclasses.replace(config.train, precision=precision))
     path = find_checkpoint(run.checkpoints_dir, which)
     task = task_for(config)
     if not task.prepare_from_cache(run):
@@ -33,6 +37,8 @@ def evaluate(run_dir: Path, split: str = "valid", which: str = "latest") -> dict
 
 def predictor(run_dir: Path, which: str = "latest"):
     """answer(texts) -> one dict per text: the task's answer (classify: label and
-    probabilities; mlm: the top tokens for each [MASK]). The model loads once."""
+    probabilities; mlm: the top tokens for each [MASK]), through the same in-graph functions
+    an export saves. The model loads once."""
     task, model, _, _ = load_run(run_dir, which)
-    return lambda texts: task.predict(model, list(texts))
+    serving = task.serving(model)
+    return lambda texts: serving.answer(list(texts))

@@ -201,9 +201,9 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def package_versions() -> dict[str, str | None]:
+def package_versions(names=PACKAGES) -> dict[str, str | None]:
     versions = {}
-    for name in PACKAGES:
+    for name in names:
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:

@@ -1,0 +1,12 @@
+"""`trainformer export`: a run's model as artifacts that answer without trainformer.
+
+    export_run(run_dir, out)   # OUT/saved_model (text in), model.tflite, model.onnx, metadata.json
+
+exporter.py writes them, convert.py turns the task's ids-in function into TFLite and ONNX,
+parity.py checks every artifact against the Keras model, and wordpiece_tokenizer.py (copied
+into OUT as tokenizer.py) gives the TFLite and ONNX models their ids without TensorFlow.
+"""
+
+from trainformer.export.exporter import FORMATS, export_run
+
+__all__ = ["FORMATS", "export_run"]

@@ -1,0 +1,143 @@
+"""Does every exported artifact answer what the Keras model answers?
+
+On the run's held-out batches (the eval batches of its valid split), each artifact's ids-in
+function is run on the same token ids as the Keras model: the largest absolute logit
+difference, the share of identical predictions (argmax of each logits row) and the task's own
+accuracy on those batches. The text-in SavedModel signature is checked against the in-process
+serving function on texts made from the same ids.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from trainformer.data.tokenizer import SEP_ID
+
+MAX_EXAMPLES = 256  # held-out rows per check: enough to see a disagreement, seconds on a CPU
+FLOAT32_TOLERANCE = 1e-4  # max |logit difference| of an unquantized artifact
+
+
+def held_out_inputs(task, names: list[str]) -> list[tuple[dict[str, np.ndarray], dict]]:
+    """The first valid eval batches up to MAX_EXAMPLES rows, as (ids-in inputs, targets)."""
+    batches, rows = [], 0
+    for inputs, targets in task.eval_batches("valid"):
+        batches.append(({name: inputs[name].numpy().astype(np.int32) for name in names}, targets))
+        rows += len(batches[-1][0][names[0]])
+        if rows >= MAX_EXAMPLES:
+            break
+    return batches
+
+
+def runners(out: Path, files: dict[str, str]) -> dict[str, callable]:
+    """artifact name -> run(inputs) -> {"logits": ...}, for each artifact written."""
+    found = {}
+    for name, file in files.items():
+        path = out / file
+        if name == "saved_model":
+            found[name] = _saved_model_runner(path)
+        elif name.startswith("tflite"):
+            found[name] = _tflite_runner(path)
+        elif name == "onnx":
+            found[name] = _onnx_runner(path)
+    return found
+
+
+def _saved_model_runner(path: Path):
+    signature = tf.saved_model.load(str(path)).signatures["serve_ids"]
+    return lambda inputs: {key: value.numpy() for key, value in signature(**{k: tf.constant(v) for k, v in inputs.items()}).items()}
+
+
+def _tflite_runner(path: Path):
+    from ai_edge_litert.interpreter import Interpreter
+
+    runner = Interpreter(model_path=str(path)).get_signature_runner()  # resizes its inputs per call
+    return lambda inputs: runner(**inputs)
+
+
+def _onnx_runner(path: Path):
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [output.name for output in session.get_outputs()]
+    return lambda inputs: dict(zip(names, session.run(None, inputs)))
+
+
+def check(task, keras_ids, out: Path, files: dict[str, str]) -> dict:
+    """{"examples", "split", "artifacts": {name: {max_abs_logit_diff, agreement, accuracy}}}
+    with the Keras model as the first row (its differences 0). keras_ids is the in-process
+    serving.ids (the Keras model)."""
+    names = [spec.name for spec in keras_ids.input_signature]
+    batches = held_out_inputs(task, names)
+    results = {"keras": _score(task, batches, lambda inputs: keras_ids(**inputs), None)}
+    reference = [keras_ids(**inputs)["logits"].numpy() for inputs, _ in batches]
+    for name, run in runners(out, files).items():
+        results[name] = _score(task, batches, run, reference)
+    return {"split": "valid", "examples": int(sum(len(inputs[names[0]]) for inputs, _ in batches)),
+            "artifacts": results}
+
+
+def _score(task, batches, run, reference) -> dict:
+    correct = count = 0.0
+    largest, same, rows = 0.0, 0, 0
+    for index, (inputs, targets) in enumerate(batches):
+        logits = np.asarray(run(inputs)["logits"], np.float32)
+        sums = task.loss_sums(tf.constant(logits), targets)
+        correct, count = correct + float(sums["correct"]), count + float(sums["count"])
+        if reference is not None:
+            largest = max(largest, float(np.abs(logits - reference[index]).max()))
+            predictions, expected = logits.argmax(-1), reference[index].argmax(-1)
+            same, rows = same + int((predictions == expected).sum()), rows + predictions.size
+    return {"max_abs_logit_diff": largest, "agreement": same / rows if rows else 1.0,
+            "accuracy": correct / max(count, 1.0)}
+
+
+def check_text(serving, saved_model: Path, texts: list[str]) -> float:
+    """Largest difference between the SavedModel's text-in answer and the in-process one, over
+    every float output (classify: logits, probabilities; mlm: scores)."""
+    loaded = tf.saved_model.load(str(saved_model)).signatures["serving_default"]
+    batch = tf.constant(texts)
+    theirs, ours = loaded(text=batch), serving.text(batch)
+    return max(float(np.abs(theirs[key].numpy() - ours[key].numpy()).max())
+               for key in ours if ours[key].dtype == tf.float32)
+
+
+def failures(parity: dict, quantized: tuple[str, ...]) -> list[str]:
+    """Unquantized artifacts that differ from the Keras model by more than FLOAT32_TOLERANCE or
+    predict differently: each one line."""
+    lines = []
+    for name, row in parity["artifacts"].items():
+        if name == "keras" or any(name.endswith(q) for q in quantized):
+            continue
+        if row["max_abs_logit_diff"] > FLOAT32_TOLERANCE or row["agreement"] < 1.0:
+            lines.append(f"{name}: max |logit difference| {row['max_abs_logit_diff']:.2e}, "
+                         f"{row['agreement']:.2%} same predictions")
+    return lines
+
+
+def texts_of(tokenizer, token_ids: np.ndarray) -> list[str]:
+    """Texts that tokenize back to (nearly) these `[CLS] ... [SEP]` rows: pieces joined by
+    spaces, `##` continuations glued on; [PAD], [UNK], [CLS], [SEP] dropped, [MASK] kept."""
+    texts = []
+    for row in token_ids:
+        words = []
+        for piece in (tokenizer.vocab[i] for i in row if i > SEP_ID):
+            if piece.startswith("##") and words:
+                words[-1] += piece[2:]
+            else:
+                words.append(piece)
+        texts.append(" ".join(words))
+    return texts
+
+
+def report_lines(parity: dict) -> list[str]:
+    """The parity table `trainformer export` prints."""
+    lines = [f"{'artifact':15s} {'max |dlogit|':>12s} {'same answer':>12s} {'accuracy':>9s}   "
+             f"({parity['examples']} {parity['split']} examples)"]
+    for name, row in parity["artifacts"].items():
+        lines.append(f"{name:15s} {row['max_abs_logit_diff']:12.2e} {row['agreement']:12.2%} {row['accuracy']:9.2%}")
+    if "text_max_abs_diff" in parity:
+        lines.append(f"saved_model text in vs in-process: max |difference| {parity['text_max_abs_diff']:.2e}")
+    return lines

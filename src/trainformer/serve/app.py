@@ -1,0 +1,152 @@
+"""The FastAPI app: TF Serving's REST API (model status, metadata, predict) plus /healthz and
+/metrics. Every answer, errors included, is JSON in TF Serving's shapes ({"error": "..."});
+input problems are 4xx with one clear line, never 500; a model failure is a 500 that says
+only that, while the server log gets the traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+
+from trainformer.serve.batching import Batcher, Closed, Overloaded
+from trainformer.serve.metrics import ServeMetrics
+from trainformer.serve.model import ModelInputError, ServedModel
+from trainformer.serve.protocol import ClientError, Rules, decode_body, parse_predict, predict_response
+
+log = logging.getLogger("trainformer.serve")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for."""
+
+    max_body_bytes: int = 4 << 20
+    max_instances: int = 1024
+
+
+def json_response(payload: dict, status: int = 200, headers: dict | None = None) -> Response:
+    # allow_nan: a model's NaN comes out as TF Serving writes it, rather than as a 500
+    body = json.dumps(payload, ensure_ascii=False, allow_nan=True).encode("utf-8")
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
+
+
+def error(status: int, message: str, headers: dict | None = None) -> Response:
+    return json_response({"error": message}, status, headers)
+
+
+def create_app(model: ServedModel, name: str, batcher: Batcher, metrics: ServeMetrics,
+               limits: Limits = Limits()) -> FastAPI:
+    """The app serving `model` as NAME; `batcher` makes its model calls and is closed (queued
+    work finished) when the app shuts down."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await asyncio.to_thread(batcher.close)  # uvicorn has let in-flight requests finish first
+
+    rules = Rules(limits.max_instances, model.pad_id, model.metadata.get("vocab_size"),
+                  model.metadata.get("max_length"))
+    app = FastAPI(title="trainformer serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, err: HTTPException) -> Response:
+        return error(err.status_code, f"{request.method} {request.url.path}: {err.detail}")
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, err: Exception) -> Response:
+        log.exception("%s %s failed", request.method, request.url.path)
+        return error(500, "internal error (see the server log)")
+
+    def find_model(requested: str, version: str | None) -> None:
+        if requested != name or version not in (None, model.version):
+            spec = f"Latest({requested})" if version is None else f"Specific({requested}, {version})"
+            raise ClientError(f"Servable not found for request: {spec} (this server serves {name!r}, "
+                              f"version {model.version})", status=404)
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return error(503, "shutting down") if batcher.closed else json_response({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    @app.get("/v1/models/{requested}")
+    @app.get("/v1/models/{requested}/versions/{version}")
+    async def status(requested: str, version: str | None = None) -> Response:
+        try:
+            find_model(requested, version)
+        except ClientError as err:
+            return error(err.status, str(err))
+        return json_response({"model_version_status": [{"version": model.version, "state": "AVAILABLE",
+                                                        "status": {"error_code": "OK", "error_message": ""}}]})
+
+    @app.get("/v1/models/{requested}/metadata")
+    @app.get("/v1/models/{requested}/versions/{version}/metadata")
+    async def metadata(requested: str, version: str | None = None) -> Response:
+        try:
+            find_model(requested, version)
+        except ClientError as err:
+            return error(err.status, str(err))
+        signatures = {key: signature.tf_serving() for key, signature in model.signatures.items()}
+        about = {key: model.metadata[key] for key in ("task", "labels", "max_length", "pad_id", "step")
+                 if key in model.metadata}
+        return json_response({"model_spec": {"name": name, "signature_name": "", "version": model.version},
+                              "metadata": {"signature_def": {"signature_def": signatures}, "trainformer": about}})
+
+    @app.post("/v1/models/{requested}:predict")
+    @app.post("/v1/models/{requested}/versions/{version}:predict")
+    async def predict(request: Request, requested: str, version: str | None = None) -> Response:
+        started = time.perf_counter()
+        response = await answer(request, requested, version)
+        metrics.request(response.status_code, time.perf_counter() - started)
+        return response
+
+    async def answer(request: Request, requested: str, version: str | None) -> Response:
+        try:
+            find_model(requested, version)
+            body = await read_body(request, limits.max_body_bytes)
+            parsed = parse_predict(decode_body(body), model.signatures, rules)
+            outputs = await asyncio.wrap_future(batcher.submit(parsed.signature_name, parsed.inputs))
+            return json_response(predict_response(outputs, parsed.columnar))
+        except ClientError as err:
+            return error(err.status, str(err))
+        except ModelInputError as err:
+            return error(400, str(err))
+        except Overloaded as err:
+            return error(503, f"overloaded: {err}; retry", headers={"Retry-After": "1"})
+        except Closed as err:
+            return error(503, str(err))
+        except Exception:
+            log.exception("predict failed: the model raised")
+            return error(500, "the model failed on this request (see the server log)")
+
+    return app
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused (413) as soon as it is known to exceed `limit` bytes."""
+    too_large = ClientError(f"the request body exceeds {limit} bytes (--max-body-mb)", status=413)
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise too_large
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientError("the client went away before sending the whole body") from None
+    return b"".join(chunks)

@@ -1,0 +1,124 @@
+"""`trainformer export` end to end on real tiny runs: a classifier on the chatterbot intents and
+a masked LM on People's Daily, every artifact checked against the Keras model, the SavedModel
+loaded in a fresh process without trainformer, the TFLite model fed by the exported tokenizer.py."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cli_helpers import ENV, TINY, trainformer
+
+from trainformer.errors import UserError
+from trainformer.export import export_run
+
+TEXTS = ["你好", "你喜欢看什么电影？", "我们来聊聊历史吧" * 5, "Who are you?"]
+
+# Run in a fresh interpreter: only tensorflow and tensorflow-text, as on a serving host.
+FRESH_PROCESS = """
+import json, sys
+import tensorflow as tf
+import tensorflow_text  # registers the tokenizer's ops
+model = tf.saved_model.load(sys.argv[1])
+answer = model.signatures["serving_default"](text=tf.constant(json.loads(sys.argv[2])))
+assert not [name for name in sys.modules if name.startswith("trainformer")]
+print(json.dumps({key: value.numpy().tolist() for key, value in answer.items()}, default=bytes.decode))
+"""
+
+
+def test_classify_export_matches_the_keras_model_everywhere(intent_export):
+    run_dir, out, stdout = intent_export
+    metadata = json.loads((out / "metadata.json").read_text())
+    assert metadata["task"] == "classify" and metadata["step"] == 20
+    assert metadata["labels"] == json.loads((run_dir / "labels.json").read_text())
+    rows = metadata["parity"]["artifacts"]
+    assert set(rows) == {"keras", "saved_model", "tflite", "tflite_dynamic", "tflite_float16", "onnx"}
+    for name in ("saved_model", "tflite", "onnx"):
+        assert rows[name]["max_abs_logit_diff"] <= 1e-4 and rows[name]["agreement"] == 1.0, name
+        assert rows[name]["accuracy"] == rows["keras"]["accuracy"]
+    assert 0 < rows["tflite_dynamic"]["max_abs_logit_diff"]  # quantized: reported, not required equal
+    assert metadata["parity"]["examples"] > 0 and metadata["parity"]["text_max_abs_diff"] <= 1e-5
+    assert "tflite_float16" in stdout and "same answer" in stdout
+    signatures = metadata["signatures"]
+    assert signatures["serving_default"]["inputs"] == {"text": {"dtype": "string", "shape": [None]}}
+    assert set(signatures["serving_default"]["outputs"]) == {"label", "label_ids", "logits", "probabilities",
+                                                             "truncated"}
+    assert signatures["serve_ids"]["inputs"] == {"token_ids": {"dtype": "int32", "shape": [None, None]}}
+
+
+def test_the_saved_model_answers_text_in_a_fresh_process_as_predict_does(intent_export):
+    run_dir, out, _ = intent_export
+    answer = json.loads(subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(out / "saved_model"),
+                                        json.dumps(TEXTS)], capture_output=True, text=True, env=ENV,
+                                       check=True).stdout)
+    predicted = [json.loads(line) for line in trainformer("predict", str(run_dir), *TEXTS).stdout.splitlines()]
+    assert answer["label"] == [p["label"] for p in predicted]
+    for row, p in zip(answer["probabilities"], predicted):
+        assert np.allclose(row, list(p["probabilities"].values()), atol=1e-5)
+    assert answer["truncated"] == [False, False, True, False]  # the third is cut at data.seq_len=32
+
+    listing = subprocess.run([str(Path(sys.executable).with_name("saved_model_cli")), "show", "--dir",
+                              str(out / "saved_model"), "--all"], capture_output=True, text=True, env=ENV).stdout
+    assert "signature_def['serving_default']" in listing and "signature_def['serve_ids']" in listing
+    assert "dtype: DT_STRING" in listing and "dtype: DT_INT32" in listing
+
+
+def test_tflite_and_onnx_answer_from_the_exported_tokenizer(intent_export):
+    _, out, _ = intent_export
+    sys.path.insert(0, str(out))
+    try:
+        from tokenizer import WordPieceTokenizer  # the export's own copy: no trainformer needed
+    finally:
+        sys.path.remove(str(out))
+    metadata = json.loads((out / "metadata.json").read_text())
+    token_ids, truncated = WordPieceTokenizer.from_files(out).encode_batch(TEXTS, metadata["max_length"])
+    token_ids = np.array(token_ids, np.int32)
+
+    from ai_edge_litert.interpreter import Interpreter
+    import onnxruntime
+    import tensorflow as tf
+
+    reference = tf.saved_model.load(str(out / "saved_model")).signatures["serving_default"](text=tf.constant(TEXTS))
+    lite = Interpreter(model_path=str(out / "model.tflite")).get_signature_runner()(token_ids=token_ids)
+    session = onnxruntime.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    onnx = dict(zip([o.name for o in session.get_outputs()], session.run(None, {"token_ids": token_ids})))
+    for logits in (lite["logits"], onnx["logits"]):
+        assert np.abs(logits - reference["logits"].numpy()).max() <= 1e-4
+        assert [metadata["labels"][i] for i in logits.argmax(-1)] == [t.decode() for t in reference["label"].numpy()]
+    assert truncated == reference["truncated"].numpy().tolist()
+
+
+def test_a_masked_lm_exports_fill_mask(tmp_path):
+    run_dir = tmp_path / "mlm"
+    trainformer("train", "--run-dir", str(run_dir), *TINY, "--set", "train.steps=5", "--set", "train.eval_every=5")
+    out = tmp_path / "fill-mask"
+    metadata = export_run(run_dir, out, formats=("saved_model", "tflite"), say=lambda text: None)
+    for name in ("saved_model", "tflite"):
+        assert metadata["parity"]["artifacts"][name]["max_abs_logit_diff"] <= 1e-4
+    assert set(metadata["signatures"]["serve_ids"]["inputs"]) == {"token_ids", "masked_positions"}
+    texts = ["今天[MASK]气很好，[MASK]民日报", "没有掩码"]
+    answer = json.loads(subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(out / "saved_model"),
+                                        json.dumps(texts)], capture_output=True, text=True, env=ENV,
+                                       check=True).stdout)
+    assert answer["mask_count"] == [2, 0]
+    assert np.array(answer["tokens"]).shape == (2, 2, 5) and answer["tokens"][1] == [[""] * 5] * 2
+    predicted = json.loads(trainformer("predict", str(run_dir), texts[0]).stdout)
+    assert [[c["token"] for c in mask] for mask in predicted["masks"]] == answer["tokens"][0]
+
+
+def test_bad_export_requests_are_one_line_errors_that_keep_what_exists(intent_export, tmp_path):
+    run_dir, _, _ = intent_export
+    with pytest.raises(UserError, match="--format: unknown pb"):
+        export_run(run_dir, tmp_path / "a", formats=("pb",))
+    with pytest.raises(UserError, match="add tflite to --format"):
+        export_run(run_dir, tmp_path / "b", formats=("onnx",), quantize=("dynamic",))
+    precious = tmp_path / "notes"
+    precious.mkdir()
+    (precious / "todo.txt").write_text("keep me")
+    with pytest.raises(UserError, match="is not a trainformer export"):
+        export_run(run_dir, precious)
+    assert (precious / "todo.txt").read_text() == "keep me"
+    result = trainformer("export", str(tmp_path / "no-run"), check=False)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1

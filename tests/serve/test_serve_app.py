@@ -1,0 +1,67 @@
+"""The app in-process, on a small real SavedModel whose signatures fail on purpose: a model
+that breaks is a 500 that says only that (the traceback goes to the log), and an input
+TensorFlow calls invalid is a 400 with TensorFlow's first line, as TF Serving answers."""
+
+import json
+import logging
+
+import pytest
+import tensorflow as tf
+from fastapi.testclient import TestClient
+
+from trainformer.serve.app import create_app
+from trainformer.serve.batching import Batcher
+from trainformer.serve.metrics import ServeMetrics
+from trainformer.serve.model import ServedModel
+
+
+class FileReader(tf.Module):
+    """serving_default: the size of the file each text names (a missing file fails inside the
+    model); parse: each text as a number (not a number: TensorFlow's InvalidArgumentError)."""
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    def sizes(self, text):
+        return {"size": tf.map_fn(lambda path: tf.strings.length(tf.io.read_file(path)), text,
+                                  fn_output_signature=tf.int32)}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    def parse(self, text):
+        return {"number": tf.strings.to_number(text)}
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("reader")
+    module = FileReader()
+    tf.saved_model.save(module, str(folder / "saved_model"),
+                        signatures={"serving_default": module.sizes, "parse": module.parse})
+    (folder / "metadata.json").write_text(json.dumps({"task": "classify", "step": 7}))
+    model = ServedModel.load(folder)
+    metrics = ServeMetrics()
+    batcher = Batcher(lambda name, inputs: model.signatures[name](inputs), on_batch=metrics.batch)
+    with TestClient(create_app(model, "reader", batcher, metrics)) as running:
+        yield running, folder
+
+
+def test_a_model_failure_is_a_500_without_a_traceback_and_a_log_line(client, caplog):
+    running, folder = client
+    ok = running.post("/v1/models/reader:predict", json={"instances": [str(folder / "metadata.json")]})
+    assert ok.status_code == 200 and ok.json() == {"predictions": [{"size": len((folder / "metadata.json").read_bytes())}]}
+    with caplog.at_level(logging.ERROR, logger="trainformer.serve"):
+        broken = running.post("/v1/models/reader:predict", json={"instances": [str(folder / "missing")]})
+    assert broken.status_code == 500
+    assert broken.json() == {"error": "the model failed on this request (see the server log)"}
+    assert "NotFoundError" in caplog.text and "Traceback" in caplog.text  # the log has the whole story
+    assert running.get("/healthz").status_code == 200
+    metrics = running.get("/metrics").text
+    assert 'trainformer_serve_requests_total{code="500"} 1.0' in metrics
+
+
+def test_an_input_tensorflow_rejects_is_a_400_with_its_first_line(client):
+    running, _ = client
+    answer = running.post("/v1/models/reader:predict", json={"signature_name": "parse", "inputs": ["1.5", "abc"]})
+    assert answer.status_code == 400
+    assert answer.json()["error"].startswith("StringToNumberOp could not correctly convert string: abc")
+    assert "\n" not in answer.json()["error"]
+    good = running.post("/v1/models/reader:predict", json={"signature_name": "parse", "inputs": ["1.5", "2"]})
+    assert good.json() == {"outputs": {"number": [1.5, 2.0]}}
