@@ -86,6 +86,16 @@ def parser() -> argparse.ArgumentParser:
                         help="worker processes to start on this machine (127.0.0.1)")
     launch.add_argument("command", nargs=argparse.REMAINDER, help="'--' then the train command line")
 
+    doctor = verb("doctor", help="check the install, TensorFlow, GPUs, CPU and disk; exit 1 if a problem is found")
+    doctor.add_argument("--run-dir", type=Path, default=Path("runs"),
+                        help="where runs are written: its free disk is checked (default: runs)")
+    doctor.add_argument("--json", action="store_true", help="print one JSON object: the facts and problems")
+
+    diff = verb("diff", help="what differs between two runs; exit 0 same, 1 different (like diff)")
+    diff.add_argument("run_a", type=Path, metavar="RUN_A", help="a run directory")
+    diff.add_argument("run_b", type=Path, metavar="RUN_B", help="another run directory")
+    diff.add_argument("--json", action="store_true", help="print one JSON object")
+
     serve = verb("serve", help="serve an exported model over TF Serving's REST API, with dynamic batching")
     serve.add_argument("model_dir", type=Path, metavar="MODEL_DIR", help="a folder written by trainformer export")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this host only)")
@@ -140,6 +150,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.verb == "doctor":
+        from trainformer.ops.doctor import check, format_report
+
+        facts = check(args.run_dir)
+        print(json.dumps(facts) if args.json else format_report(facts))
+        return 1 if facts["problems"] else 0
+
+    if args.verb == "diff":
+        from trainformer.ops.diff import diff_runs, format_differences
+
+        differences = diff_runs(args.run_a, args.run_b)
+        print(json.dumps({"identical": not differences, "differences": differences}, ensure_ascii=False)
+              if args.json else format_differences(differences))
+        return 1 if differences else 0
+
     if args.verb == "serve":
         from trainformer.serve.server import Limits, serve
 
