@@ -1,13 +1,18 @@
 """Prometheus metrics for a running job (`trainformer train --metrics-port P`).
 
-Served on 127.0.0.1 only: put a scraper on the same host, or an authenticated proxy in front.
+Served on 127.0.0.1 unless TRAINFORMER_METRICS_HOST names another address: the metrics are
+unauthenticated, so a job opens them to other machines only when asked to (in a container,
+where Prometheus runs in another container, docker/compose.yaml sets it to 0.0.0.0).
 Training gauges are set by the Monitor as it logs, each created when it first gets a value
-(a valid loss of 0 before the first eval would read as a perfect model); GPU gauges (utilisation, memory,
-temperature) are read through NVML at scrape time when NVIDIA GPUs are present: without them,
-or without the NVIDIA driver, there are simply no GPU series.
+(a valid loss of 0 before the first eval would read as a perfect model); GPU gauges (utilisation,
+memory used and total, temperature) are read through NVML at scrape time when NVIDIA GPUs are
+present: without them, or without the NVIDIA driver, there are simply no GPU series.
+docker/prometheus/alerts.yml and the Grafana dashboard use these names: keep them in step.
 """
 
 from __future__ import annotations
+
+import os
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -32,10 +37,11 @@ VALID_GAUGES = {
     "accuracy": ("trainformer_valid_accuracy", "held-out classification accuracy"),
     "macro_f1": ("trainformer_valid_macro_f1", "held-out classification macro-F1"),
 }
+HOST_VARIABLE = "TRAINFORMER_METRICS_HOST"  # the address to serve on; default 127.0.0.1
 
 
 class NvmlCollector:
-    """GPU utilisation, memory and temperature per device, read at scrape time."""
+    """GPU utilisation, memory (used and total) and temperature per device, read at scrape time."""
 
     def __init__(self):
         try:
@@ -52,19 +58,22 @@ class NvmlCollector:
             return
         utilisation = GaugeMetricFamily("trainformer_gpu_utilization_percent", "GPU busy time", labels=["gpu"])
         memory = GaugeMetricFamily("trainformer_gpu_memory_used_bytes", "GPU memory in use", labels=["gpu"])
+        total = GaugeMetricFamily("trainformer_gpu_memory_total_bytes", "GPU memory installed", labels=["gpu"])
         temperature = GaugeMetricFamily("trainformer_gpu_temperature_celsius", "GPU temperature", labels=["gpu"])
         for index in range(self.count):
             handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
             utilisation.add_metric([str(index)], self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-            memory.add_metric([str(index)], self.nvml.nvmlDeviceGetMemoryInfo(handle).used)
+            memory_info = self.nvml.nvmlDeviceGetMemoryInfo(handle)
+            memory.add_metric([str(index)], memory_info.used)
+            total.add_metric([str(index)], memory_info.total)
             temperature.add_metric(
                 [str(index)], self.nvml.nvmlDeviceGetTemperature(handle, self.nvml.NVML_TEMPERATURE_GPU)
             )
-        yield from (utilisation, memory, temperature)
+        yield from (utilisation, memory, total, temperature)
 
 
 class PrometheusExporter:
-    """Serves /metrics on 127.0.0.1:port until close().
+    """Serves /metrics on port until close(), on 127.0.0.1 or $TRAINFORMER_METRICS_HOST.
 
     Example:
         exporter = PrometheusExporter(9400)
@@ -73,17 +82,21 @@ class PrometheusExporter:
 
     def __init__(self, port: int):
         self.registry = CollectorRegistry()
+        self.host = os.environ.get(HOST_VARIABLE) or "127.0.0.1"
         self.port = port
         self.gauges: dict[tuple[str, str], Gauge] = {}
         self.registry.register(NvmlCollector())
         try:
-            self._server, self._thread = start_http_server(port, addr="127.0.0.1", registry=self.registry)
-        except OSError as err:
-            raise UserError(f"--metrics-port {port}: cannot serve on 127.0.0.1:{port} ({err.strerror})") from None
+            self._server, self._thread = start_http_server(port, addr=self.host, registry=self.registry)
+        except OSError as err:  # a busy port, or a host that is no address of this machine
+            origin = f"; the host is ${HOST_VARIABLE}" if os.environ.get(HOST_VARIABLE) else ""
+            raise UserError(
+                f"--metrics-port {port}: cannot serve on {self.host}:{port} ({err.strerror}{origin})"
+            ) from None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/metrics"
+        return f"http://{self.host}:{self.port}/metrics"
 
     def update(self, split: str, step: int, metrics: dict) -> None:
         if split == "train":
