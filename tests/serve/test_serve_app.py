@@ -5,6 +5,7 @@ TensorFlow calls invalid is a 400 with TensorFlow's first line, as TF Serving an
 import json
 import logging
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from fastapi.testclient import TestClient
@@ -13,6 +14,7 @@ from trainformer.serve.app import create_app
 from trainformer.serve.batching import Batcher
 from trainformer.serve.metrics import ServeMetrics
 from trainformer.serve.model import ServedModel
+from trainformer.serve.protocol import own_masks
 
 
 class FileReader(tf.Module):
@@ -65,3 +67,16 @@ def test_an_input_tensorflow_rejects_is_a_400_with_its_first_line(client):
     assert "\n" not in answer.json()["error"]
     good = running.post("/v1/models/reader:predict", json={"signature_name": "parse", "inputs": ["1.5", "2"]})
     assert good.json() == {"outputs": {"number": [1.5, 2.0]}}
+
+
+def test_a_fill_mask_answer_merged_with_wider_requests_is_cut_to_its_own_masks():
+    # Rows of a merged call split back to one request: its texts have 1 and 0 [MASK]s, while
+    # another request in the same call had 3, so the model padded the masks axis to 3.
+    merged = {"tokens": np.array([[["的"] * 5, [""] * 5, [""] * 5], [[""] * 5] * 3], object),
+              "scores": np.zeros([2, 3, 5], np.float32), "mask_count": np.array([1, 0], np.int32),
+              "truncated": np.array([False, False])}
+    own = own_masks(merged)
+    assert own["tokens"].shape == (2, 1, 5) and own["scores"].shape == (2, 1, 5)
+    assert own["mask_count"].tolist() == [1, 0] and own["tokens"][0, 0, 0] == "的"
+    classify = {"label": np.array([b"pos"]), "probabilities": np.ones([1, 2], np.float32)}
+    assert own_masks(classify) is classify

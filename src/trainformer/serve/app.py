@@ -20,7 +20,7 @@ from starlette.requests import ClientDisconnect
 from trainformer.serve.batching import Batcher, Closed, Overloaded
 from trainformer.serve.metrics import ServeMetrics
 from trainformer.serve.model import ModelInputError, ServedModel
-from trainformer.serve.protocol import ClientError, Rules, decode_body, parse_predict, predict_response
+from trainformer.serve.protocol import ClientError, Rules, decode_body, own_masks, parse_predict, predict_response
 
 log = logging.getLogger("trainformer.serve")
 
@@ -118,7 +118,7 @@ def create_app(model: ServedModel, name: str, batcher: Batcher, metrics: ServeMe
             body = await read_body(request, limits.max_body_bytes)
             parsed = parse_predict(decode_body(body), model.signatures, rules)
             outputs = await asyncio.wrap_future(batcher.submit(parsed.signature_name, parsed.inputs))
-            return json_response(predict_response(outputs, parsed.columnar))
+            return json_response(predict_response(own_masks(outputs), parsed.columnar))
         except ClientError as err:
             return error(err.status, str(err))
         except ModelInputError as err:

@@ -207,6 +207,15 @@ def predict_response(outputs: dict[str, np.ndarray], columnar: bool) -> dict:
     return {"predictions": [dict(zip(columns, row)) for row in zip(*columns.values())]}
 
 
+def own_masks(outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A fill-mask answer merged with other requests is padded to the batch's most [MASK]s: cut
+    it back to this request's own, so an answer never depends on who else asked at the time."""
+    if "mask_count" not in outputs:
+        return outputs
+    width = int(outputs["mask_count"].max(initial=0))
+    return {name: array[:, :width] if name in ("tokens", "scores") else array for name, array in outputs.items()}
+
+
 def json_values(array: np.ndarray) -> list:
     """An array as nested lists, strings decoded (tf.string outputs come as bytes)."""
     if array.dtype == object:
