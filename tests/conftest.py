@@ -1,5 +1,6 @@
-"""Shared fixtures: the real People's Daily corpus, a WordPiece vocabulary trained on it, and
-the in-graph tokenizer loaded from that vocabulary. Session-scoped: built once (~3 s)."""
+"""Shared fixtures: the real People's Daily corpus, a WordPiece vocabulary trained on it, the
+in-graph tokenizer loaded from that vocabulary (~3 s), and a tiny exported intent classifier
+that the export and serve tests share (~20 s). Session-scoped: built once."""
 
 import os
 
