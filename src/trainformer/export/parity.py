@@ -65,18 +65,21 @@ def _onnx_runner(path: Path):
     return lambda inputs: dict(zip(names, session.run(None, inputs)))
 
 
-def check(task, keras_ids, out: Path, files: dict[str, str]) -> dict:
-    """{"examples", "split", "artifacts": {name: {max_abs_logit_diff, agreement, accuracy}}}
-    with the Keras model as the first row (its differences 0). keras_ids is the in-process
-    serving.ids (the Keras model)."""
-    names = [spec.name for spec in keras_ids.input_signature]
+def check(task, serving, out: Path, files: dict[str, str]) -> dict:
+    """{"examples", "split", "artifacts": {name: {max_abs_logit_diff, agreement, accuracy}},
+    "text_max_abs_diff"} with the Keras model (the in-process serving.ids) as the first row."""
+    names = [spec.name for spec in serving.ids.input_signature]
     batches = held_out_inputs(task, names)
-    results = {"keras": _score(task, batches, lambda inputs: keras_ids(**inputs), None)}
-    reference = [keras_ids(**inputs)["logits"].numpy() for inputs, _ in batches]
+    results = {"keras": _score(task, batches, lambda inputs: serving.ids(**inputs), None)}
+    reference = [serving.ids(**inputs)["logits"].numpy() for inputs, _ in batches]
     for name, run in runners(out, files).items():
         results[name] = _score(task, batches, run, reference)
-    return {"split": "valid", "examples": int(sum(len(inputs[names[0]]) for inputs, _ in batches)),
-            "artifacts": results}
+    checked = {"split": "valid", "examples": int(sum(len(inputs[names[0]]) for inputs, _ in batches)),
+               "artifacts": results}
+    if "saved_model" in files:
+        texts = texts_of(task.tokenizer, batches[0][0]["token_ids"])
+        checked["text_max_abs_diff"] = check_text(serving, out / files["saved_model"], texts)
+    return checked
 
 
 def _score(task, batches, run, reference) -> dict:
