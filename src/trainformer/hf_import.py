@@ -78,7 +78,6 @@ encoder (+ pooler) for another task is restored with
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import shutil
@@ -94,6 +93,7 @@ from trainformer.config import (
 )
 from trainformer.data.tokenizer import SPECIAL_TOKENS, VOCAB_FILE, Tokenizer, _write_vocab
 from trainformer.errors import UserError
+from trainformer.files import read_json
 from trainformer.model.heads import MaskedLM, build_masked_lm
 from trainformer.train.checkpoint import Checkpoints
 from trainformer.train.run_dir import RunDir, environment, now
@@ -198,22 +198,10 @@ def read_source(hf_dir: Path) -> Source:
     return source
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as err:
-        raise UserError(f"{path}: cannot be read ({err})") from None
-    except json.JSONDecodeError as err:
-        raise UserError(f"{path}: not valid JSON (line {err.lineno}: {err.msg})") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a JSON object")
-    return data
-
-
 def _read_config(path: Path) -> dict:
     if not path.is_file():
         raise UserError(f"{path}: no such file (a Hugging Face model folder has config.json)")
-    raw = _read_json(path)
+    raw = read_json(path)
     model_type = raw.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         shown = f"model_type {model_type!r}" if model_type is not None else "no model_type"
@@ -252,7 +240,7 @@ def _read_weights(hf_dir: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     if single.is_file():
         paths = [single]
     elif index.is_file():
-        weight_map = _read_json(index).get("weight_map")
+        weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise UserError(f"{index}: no weight_map")
         paths = [hf_dir / name for name in sorted(set(weight_map.values()))]
@@ -345,7 +333,7 @@ def _read_vocab(path: Path) -> list[str]:
 def _read_lowercase(path: Path) -> tuple[bool, list[str]]:
     if not path.is_file():
         return True, [f"no {path.name}: lowercase as BERT's default (do_lower_case true)"]
-    settings = _read_json(path)
+    settings = read_json(path)
     lowercase = settings.get("do_lower_case", True)
     if not isinstance(lowercase, bool):
         raise UserError(f"{path}: do_lower_case: expected true or false, got {lowercase!r}")

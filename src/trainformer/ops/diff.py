@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from trainformer.errors import UserError
+from trainformer.files import read_json
 from trainformer.train.run_dir import RunDir
 
 # Config keys shown in their own aspect, further down, rather than among the config keys.
@@ -76,12 +77,8 @@ def read_run(root: Path) -> dict:
 
 
 def read_manifest(path: Path) -> dict:
-    if not path.is_file():  # a run stopped before its first step records no manifest yet
-        return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise UserError(f"{path}: not valid JSON ({err})") from None
+    # a run stopped before its first step records no manifest yet
+    return read_json(path) if path.is_file() else {}
 
 
 def read_metrics(path: Path) -> list[dict]:

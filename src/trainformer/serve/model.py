@@ -6,7 +6,6 @@ tensorflow-text tokenizer ops, so `tensorflow_text` is imported before loading i
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from trainformer.errors import UserError
+from trainformer.files import read_json
 
 
 class ModelInputError(Exception):
@@ -112,15 +112,9 @@ def read_metadata(model_dir: Path) -> dict:
         raise UserError(f"{model_dir}: no saved_model/saved_model.pb: export the run with "
                         "trainformer export RUN_DIR --format saved_model --out DIR")
     path = model_dir / "metadata.json"
-    try:
-        metadata = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{path}: missing (it is written by trainformer export next to saved_model/)") from None
-    except (ValueError, UnicodeDecodeError) as err:
-        raise UserError(f"{path}: not valid JSON: {err}") from None
-    if not isinstance(metadata, dict):
-        raise UserError(f"{path}: expected a JSON object")
-    return metadata
+    if not path.is_file():
+        raise UserError(f"{path}: missing (it is written by trainformer export next to saved_model/)")
+    return read_json(path)
 
 
 def tensor_info(spec) -> TensorInfo:
