@@ -11,7 +11,6 @@ Three layers, so that a GPU machine's answers can be replayed on a CPU-only one:
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import platform
 import re
@@ -19,6 +18,8 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+
+from trainformer.train.run_dir import package_versions
 
 PACKAGES = ("trainformer", "tensorflow", "keras", "tensorflow-text")  # the stack a report names
 MIN_FREE_GIB = 10  # a zh-bert-80m run keeps 3 checkpoints of ~1 GB plus its token cache
@@ -66,12 +67,13 @@ def find_constraints() -> Path | None:
 def probe_versions(constraints: Path | None) -> dict:
     """Python and the stack's versions; each installed package pinned in constraints whose
     version differs from its pin."""
-    facts = {"python": platform.python_version(), "packages": {name: installed(name) for name in PACKAGES},
+    facts = {"python": platform.python_version(), "packages": package_versions(PACKAGES),
              "constraints": str(constraints) if constraints else None, "pinned": 0, "mismatches": {}}
     if constraints is None:
         return facts
-    for name, pin in read_pins(constraints).items():
-        version = installed(name)
+    pins = read_pins(constraints)
+    for name, version in package_versions(pins).items():
+        pin = pins[name]
         if version is None:  # a pin for an extra (e.g. pytest) that is not installed here
             continue
         facts["pinned"] += 1
@@ -88,13 +90,6 @@ def read_pins(constraints: Path) -> dict[str, str]:
         if sep:
             pins[name.strip()] = version.strip()
     return pins
-
-
-def installed(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def probe_environment(environ) -> dict:
