@@ -17,6 +17,7 @@ from trainformer.errors import UserError
 from trainformer.files import write_atomic
 from trainformer.model.heads import build_classifier
 from trainformer.tasks import DTYPE_POLICIES
+from trainformer.tasks.serving import TEXT, TaskServing
 from trainformer.tasks.vocabulary import run_vocabulary
 from trainformer.train.attention import colorize, plain_font
 from trainformer.train.run_dir import RunDir
@@ -186,10 +187,8 @@ class ClassifyTask:
         return ClassifyServing(model, self.tokenizer, self.labels, self.config.data.seq_len)
 
 
-class ClassifyServing(tf.Module):
-    """A classify run's answers as in-graph functions: `trainformer predict` calls them and
-    `trainformer export` saves them (serving_default = `text`, serve_ids = `ids`), so a served
-    model answers exactly what predict printed.
+class ClassifyServing(TaskServing):
+    """A classify run's answers as in-graph functions (tasks/serving.py): texts -> labels.
 
     Example:
         serving = task.serving(model)
@@ -197,18 +196,11 @@ class ClassifyServing(tf.Module):
     """
 
     def __init__(self, model: keras.Model, tokenizer: Tokenizer, labels: list[str], seq_len: int):
-        super().__init__(name="classify_serving")
-        self.model = model
-        self.tokenizer = tokenizer
+        super().__init__(model, tokenizer, seq_len, name="classify_serving")
         self.label_names = labels
         self.labels = tf.constant(labels)
-        self.seq_len = seq_len
 
-    def exported_functions(self) -> dict:
-        """SavedModel signature name -> function (not an attribute: `signatures` is reserved)."""
-        return {"serving_default": self.text, "serve_ids": self.ids}
-
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    @tf.function(input_signature=[TEXT])
     def encode(self, text):
         """Texts -> ({token_ids (batch, L) int32}, truncated (batch,) bool), as training encodes."""
         ids, truncated = frame(self.tokenizer(text), self.seq_len)
@@ -222,7 +214,7 @@ class ClassifyServing(tf.Module):
         return {"logits": logits, "probabilities": tf.nn.softmax(logits),
                 "label_ids": tf.argmax(logits, axis=-1, output_type=tf.int32)}
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    @tf.function(input_signature=[TEXT])
     def text(self, text):
         """Texts (batch,) -> ids' outputs plus label (batch,) string and truncated (batch,) bool
         (the text was longer than data.seq_len tokens and its end was dropped, as in training)."""

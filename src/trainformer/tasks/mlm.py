@@ -17,6 +17,7 @@ from trainformer.data.tokenizer import MASK_ID, PAD_ID, SPECIAL_TOKENS, Tokenize
 from trainformer.errors import UserError
 from trainformer.model.heads import build_masked_lm
 from trainformer.tasks import DTYPE_POLICIES
+from trainformer.tasks.serving import TEXT, TaskServing
 from trainformer.tasks.vocabulary import run_vocabulary
 from trainformer.train.run_dir import RunDir
 
@@ -177,10 +178,9 @@ class MaskedLMTask:
         return FillMaskServing(model, self.tokenizer, self.config.data.seq_len)
 
 
-class FillMaskServing(tf.Module):
-    """A masked-LM run's answers as in-graph functions: the TOP_K tokens for each [MASK] of a
-    text. `trainformer predict` calls them and `trainformer export` saves them
-    (serving_default = `text`, serve_ids = `ids`).
+class FillMaskServing(TaskServing):
+    """A masked-LM run's answers as in-graph functions (tasks/serving.py): the TOP_K tokens
+    for each [MASK] of a text.
 
     Example:
         serving = task.serving(model)
@@ -188,17 +188,10 @@ class FillMaskServing(tf.Module):
     """
 
     def __init__(self, model: keras.Model, tokenizer: Tokenizer, seq_len: int):
-        super().__init__(name="fill_mask_serving")
-        self.model = model
-        self.tokenizer = tokenizer
+        super().__init__(model, tokenizer, seq_len, name="fill_mask_serving")
         self.vocab = tf.constant(tokenizer.vocab)
-        self.seq_len = seq_len
 
-    def exported_functions(self) -> dict:
-        """SavedModel signature name -> function (not an attribute: `signatures` is reserved)."""
-        return {"serving_default": self.text, "serve_ids": self.ids}
-
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    @tf.function(input_signature=[TEXT])
     def encode(self, text):
         """Texts with [MASK]s -> ({token_ids (batch, L), masked_positions (batch, masks)} int32,
         truncated (batch,) bool). The text between [MASK]s is tokenized as in training; rows
@@ -224,7 +217,7 @@ class FillMaskServing(tf.Module):
         scores, top_ids = tf.math.top_k(tf.nn.softmax(logits), k=TOP_K)
         return {"logits": logits, "top_ids": top_ids, "scores": scores}
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    @tf.function(input_signature=[TEXT])
     def text(self, text):
         """Texts (batch,) -> tokens (batch, masks, TOP_K) string and scores float32 (empty and
         0 past a text's own masks), mask_count (batch,) int32, truncated (batch,) bool."""
