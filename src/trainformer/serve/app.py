@@ -61,6 +61,10 @@ def create_app(model: ServedModel, name: str, batcher: Batcher, metrics: ServeMe
     async def http_error(request: Request, err: HTTPException) -> Response:
         return error(err.status_code, f"{request.method} {request.url.path}: {err.detail}")
 
+    @app.exception_handler(ClientError)
+    async def client_error(request: Request, err: ClientError) -> Response:
+        return error(err.status, str(err))
+
     @app.exception_handler(Exception)
     async def internal_error(request: Request, err: Exception) -> Response:
         log.exception("%s %s failed", request.method, request.url.path)
@@ -84,20 +88,14 @@ def create_app(model: ServedModel, name: str, batcher: Batcher, metrics: ServeMe
     @app.get("/v1/models/{requested}")
     @app.get("/v1/models/{requested}/versions/{version}")
     async def status(requested: str, version: str | None = None) -> Response:
-        try:
-            find_model(requested, version)
-        except ClientError as err:
-            return error(err.status, str(err))
+        find_model(requested, version)
         return json_response({"model_version_status": [{"version": model.version, "state": "AVAILABLE",
                                                         "status": {"error_code": "OK", "error_message": ""}}]})
 
     @app.get("/v1/models/{requested}/metadata")
     @app.get("/v1/models/{requested}/versions/{version}/metadata")
     async def metadata(requested: str, version: str | None = None) -> Response:
-        try:
-            find_model(requested, version)
-        except ClientError as err:
-            return error(err.status, str(err))
+        find_model(requested, version)
         signatures = {key: signature.tf_serving() for key, signature in model.signatures.items()}
         about = {key: model.metadata[key] for key in ("task", "labels", "max_length", "pad_id", "step")
                  if key in model.metadata}
