@@ -219,16 +219,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.verb == "export":
         from trainformer.export import export_run
-        from trainformer.export.parity import failures, report_lines
+        from trainformer.export.parity import failures
 
         quantize = tuple(q for q in args.quantize.split(",") if q)
         metadata = export_run(args.run_dir, args.out, formats=tuple(f for f in args.format.split(",") if f),
                               which=args.checkpoint, quantize=quantize)
-        print("\n".join(report_lines(metadata["parity"])))
         problems = failures(metadata["parity"], quantize)
         for line in problems:
             print(f"trainformer: parity failed: {line}", file=sys.stderr)
-        print(f"exported step {metadata['step']} to {args.out or args.run_dir / 'export'}")
         return 1 if problems else 0
 
     if args.verb == "import":

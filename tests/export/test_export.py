@@ -13,6 +13,7 @@ from cli_helpers import ENV, TINY, trainformer
 
 from trainformer.errors import UserError
 from trainformer.export import export_run
+from trainformer.export.parity import failures
 
 TEXTS = ["你好", "你喜欢看什么电影？", "我们来聊聊历史吧" * 5, "Who are you?"]
 
@@ -122,3 +123,13 @@ def test_bad_export_requests_are_one_line_errors_that_keep_what_exists(intent_ex
     assert (precious / "todo.txt").read_text() == "keep me"
     result = trainformer("export", str(tmp_path / "no-run"), check=False)
     assert result.returncode == 2 and result.stderr.count("\n") == 1
+
+
+def test_parity_fails_an_unquantized_artifact_that_is_off_or_answers_differently():
+    row = {"max_abs_logit_diff": 0.0, "agreement": 1.0, "accuracy": 0.5}
+    parity = {"artifacts": {"keras": row, "saved_model": row,
+                            "onnx": {**row, "max_abs_logit_diff": 2e-4},
+                            "tflite": {**row, "max_abs_logit_diff": 1e-6, "agreement": 0.99},
+                            "tflite_dynamic": {**row, "max_abs_logit_diff": 3e-2, "agreement": 0.9}}}
+    problems = failures(parity, quantized=("dynamic",))
+    assert [line.split(":")[0] for line in problems] == ["onnx", "tflite"]

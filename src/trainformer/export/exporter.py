@@ -62,6 +62,8 @@ def export_run(run_dir: Path, out: Path | None = None, formats=FORMATS, which: s
     }
     write_atomic(staging / METADATA_FILE, json.dumps(metadata, indent=2, ensure_ascii=False) + "\n")
     _replace(out, staging)
+    say("\n".join(parity.report_lines(checked)))
+    say(f"exported step {step} to {out}")
     return metadata
 
 

@@ -31,13 +31,14 @@ def held_out_inputs(task, names: list[str]) -> list[tuple[dict[str, np.ndarray],
     return batches
 
 
-def runners(out: Path, files: dict[str, str]) -> dict[str, callable]:
-    """artifact name -> run(inputs) -> {"logits": ...}, for each artifact written."""
+def runners(out: Path, files: dict[str, str], saved_model) -> dict[str, callable]:
+    """artifact name -> run(inputs) -> {"logits": ...}, for each artifact written
+    (saved_model: the loaded SavedModel, or None)."""
     found = {}
     for name, file in files.items():
         path = out / file
         if name == "saved_model":
-            found[name] = _saved_model_runner(path)
+            found[name] = _saved_model_runner(saved_model)
         elif name.startswith("tflite"):
             found[name] = _tflite_runner(path)
         elif name == "onnx":
@@ -45,9 +46,9 @@ def runners(out: Path, files: dict[str, str]) -> dict[str, callable]:
     return found
 
 
-def _saved_model_runner(path: Path):
-    signature = tf.saved_model.load(str(path)).signatures["serve_ids"]
-    return lambda inputs: {key: value.numpy() for key, value in signature(**{k: tf.constant(v) for k, v in inputs.items()}).items()}
+def _saved_model_runner(saved_model):
+    signature = saved_model.signatures["serve_ids"]
+    return lambda inputs: signature(**{name: tf.constant(value) for name, value in inputs.items()})
 
 
 def _tflite_runner(path: Path):
@@ -70,39 +71,42 @@ def check(task, serving, out: Path, files: dict[str, str]) -> dict:
     "text_max_abs_diff"} with the Keras model (the in-process serving.ids) as the first row."""
     names = [spec.name for spec in serving.ids.input_signature]
     batches = held_out_inputs(task, names)
-    results = {"keras": _score(task, batches, lambda inputs: serving.ids(**inputs), None)}
-    reference = [serving.ids(**inputs)["logits"].numpy() for inputs, _ in batches]
-    for name, run in runners(out, files).items():
-        results[name] = _score(task, batches, run, reference)
+
+    def logits_of(run) -> list[np.ndarray]:
+        return [np.asarray(run(inputs)["logits"], np.float32) for inputs, _ in batches]
+
+    reference = logits_of(lambda inputs: serving.ids(**inputs))
+    saved_model = tf.saved_model.load(str(out / files["saved_model"])) if "saved_model" in files else None
+    results = {"keras": _score(task, batches, reference, reference)}
+    for name, run in runners(out, files, saved_model).items():
+        results[name] = _score(task, batches, logits_of(run), reference)
     checked = {"split": "valid", "examples": int(sum(len(inputs[names[0]]) for inputs, _ in batches)),
                "artifacts": results}
-    if "saved_model" in files:
+    if saved_model is not None:
         texts = texts_of(task.tokenizer, batches[0][0]["token_ids"])
-        checked["text_max_abs_diff"] = check_text(serving, out / files["saved_model"], texts)
+        checked["text_max_abs_diff"] = check_text(serving, saved_model, texts)
     return checked
 
 
-def _score(task, batches, run, reference) -> dict:
-    correct = count = 0.0
-    largest, same, rows = 0.0, 0, 0
-    for index, (inputs, targets) in enumerate(batches):
-        logits = np.asarray(run(inputs)["logits"], np.float32)
-        sums = task.loss_sums(tf.constant(logits), targets)
+def _score(task, batches, logits: list[np.ndarray], reference: list[np.ndarray]) -> dict:
+    """The task's accuracy from logits, and how far they are from the reference's."""
+    correct = count = largest = 0.0
+    same = rows = 0
+    for (_, targets), ours, theirs in zip(batches, logits, reference):
+        sums = task.loss_sums(tf.constant(ours), targets)
         correct, count = correct + float(sums["correct"]), count + float(sums["count"])
-        if reference is not None:
-            largest = max(largest, float(np.abs(logits - reference[index]).max()))
-            predictions, expected = logits.argmax(-1), reference[index].argmax(-1)
-            same, rows = same + int((predictions == expected).sum()), rows + predictions.size
+        largest = max(largest, float(np.abs(ours - theirs).max()))
+        predictions, expected = ours.argmax(-1), theirs.argmax(-1)
+        same, rows = same + int((predictions == expected).sum()), rows + predictions.size
     return {"max_abs_logit_diff": largest, "agreement": same / rows if rows else 1.0,
             "accuracy": correct / max(count, 1.0)}
 
 
-def check_text(serving, saved_model: Path, texts: list[str]) -> float:
+def check_text(serving, saved_model, texts: list[str]) -> float:
     """Largest difference between the SavedModel's text-in answer and the in-process one, over
     every float output (classify: logits, probabilities; mlm: scores)."""
-    loaded = tf.saved_model.load(str(saved_model)).signatures["serving_default"]
     batch = tf.constant(texts)
-    theirs, ours = loaded(text=batch), serving.text(batch)
+    theirs, ours = saved_model.signatures["serving_default"](text=batch), serving.text(batch)
     return max(float(np.abs(theirs[key].numpy() - ours[key].numpy()).max())
                for key in ours if ours[key].dtype == tf.float32)
 
