@@ -36,6 +36,26 @@ def activation_function(name: str):
     return ACTIVATIONS[name]
 
 
+def attention_probabilities(query, key, keep=None):
+    """Scaled dot-product softmax over the keys, in float32 (softmax in fp32 under mixed precision).
+
+    query (batch, q, heads, head_dim), key (batch, k, heads, head_dim); keep: None or a bool mask
+    broadcastable to (batch, heads, q, k), False where a query must not look (padding, the future).
+    Returns (batch, heads, q, k).
+    """
+    query = query * (1.0 / math.sqrt(query.shape[-1]))
+    scores = ops.cast(ops.einsum("bqhd,bkhd->bhqk", query, key), "float32")  # (batch, heads, q, k)
+    if keep is not None:
+        scores = ops.where(keep, scores, -1e9)
+    return ops.softmax(scores, axis=-1)
+
+
+def attention_context(probs, value):
+    """probs (batch, heads, q, k) x value (batch, k, heads, head_dim) -> (batch, q, heads * head_dim)."""
+    context = ops.einsum("bhqk,bkhd->bqhd", probs, value)
+    return ops.reshape(context, (ops.shape(context)[0], ops.shape(context)[1], value.shape[2] * value.shape[3]))
+
+
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class PositionalEncoding(keras.layers.Layer):
     """Adds the fixed sinusoidal position encoding of "Attention Is All You Need".
@@ -62,10 +82,10 @@ class PositionalEncoding(keras.layers.Layer):
         table[:, 1::2] = np.cos(positions * rates)
         self._table = table  # a constant, not a weight: nothing to train or checkpoint
 
-    def call(self, inputs):
-        seq_len = ops.shape(inputs)[1]
-        encoding = ops.cast(ops.convert_to_tensor(self._table)[:seq_len], inputs.dtype)
-        return inputs + encoding[None]  # (batch, seq, d)
+    def call(self, inputs, start=0):
+        """start: the position of inputs' first vector (a decoder step adds position `index`)."""
+        table = ops.slice(ops.convert_to_tensor(self._table), (start, 0), (ops.shape(inputs)[1], self._table.shape[1]))
+        return inputs + ops.cast(table, inputs.dtype)[None]  # (batch, seq, d)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -95,9 +115,10 @@ class LearnedPositionalEmbedding(keras.layers.Layer):
             name="positions", shape=(self.max_length, input_shape[-1]), initializer=self.initializer
         )
 
-    def call(self, inputs):
-        seq_len = ops.shape(inputs)[1]
-        return inputs + ops.cast(self.positions[:seq_len], inputs.dtype)[None]
+    def call(self, inputs, start=0):
+        """start: the position of inputs' first vector (a decoder step adds position `index`)."""
+        table = ops.slice(self.positions, (start, 0), (ops.shape(inputs)[1], self.positions.shape[1]))
+        return inputs + ops.cast(table, inputs.dtype)[None]
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -136,27 +157,19 @@ class ReversibleEmbedding(keras.layers.Embedding):
         return super().compute_output_shape(input_shape)
 
 
-@keras.saving.register_keras_serializable(package=PACKAGE)
-class TransformerEncoderBlock(keras.layers.Layer):
-    """Self-attention + GELU feed-forward, each with dropout and a residual connection.
+class TransformerBlock(keras.layers.Layer):
+    """What the encoder and decoder blocks share: their arguments, their check of the width,
+    and the residual connection around each sublayer.
 
     Args:
         num_heads: attention heads; the model width must divide by it.
         dff: inner width of the feed-forward network.
-        dropout: dropout rate on attention probabilities and on both residual branches.
+        dropout: dropout rate on attention probabilities and on every residual branch.
         norm: "post" (LayerNorm after each residual add: BERT and the seed article) or "pre"
             (LayerNorm before each sublayer: more stable at high learning rates and depth).
         epsilon: LayerNorm epsilon.
         activation: the feed-forward GELU: "gelu_tanh" (tanh approximation) or "gelu" (exact,
             erf form: BERT's).
-
-    Query, key and value come from one fused (d, 3d) projection: one matmul instead of three,
-    with the same parameter count as separate ones.
-
-    Example:
-        block = TransformerEncoderBlock(num_heads=8, dff=2048)
-        y = block(x, padding_mask=mask)  # x (batch, seq, d), mask (batch, seq) bool -> (batch, seq, d)
-        probs = block.attention_probabilities(x, padding_mask=mask)  # (batch, heads, seq, seq) float32
     """
 
     def __init__(self, num_heads: int, dff: int, dropout: float = 0.1, norm: str = "post",
@@ -172,11 +185,41 @@ class TransformerEncoderBlock(keras.layers.Layer):
         self.epsilon = epsilon
         self.activation = activation
 
-    def build(self, input_shape):
-        d_model = input_shape[-1]
+    def check_width(self, d_model: int) -> int:
+        """The head size of a model width."""
         if d_model % self.num_heads:
             raise ValueError(f"width {d_model} is not divisible by num_heads={self.num_heads}")
-        self.head_dim = d_model // self.num_heads
+        return d_model // self.num_heads
+
+    def _residual(self, x, norm, sublayer, training):
+        """x + dropout(sublayer(x)), with LayerNorm before the sublayer (pre) or after the add (post)."""
+        if self.norm == "pre":
+            return x + self._residual_dropout(sublayer(norm(x)), training=training)
+        return norm(x + self._residual_dropout(sublayer(x), training=training))
+
+    def get_config(self):
+        return {**super().get_config(), "num_heads": self.num_heads, "dff": self.dff, "dropout": self.dropout,
+                "norm": self.norm, "epsilon": self.epsilon, "activation": self.activation}
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class TransformerEncoderBlock(TransformerBlock):
+    """Self-attention + GELU feed-forward, each with dropout and a residual connection.
+
+    Args: those of TransformerBlock.
+
+    Query, key and value come from one fused (d, 3d) projection: one matmul instead of three,
+    with the same parameter count as separate ones.
+
+    Example:
+        block = TransformerEncoderBlock(num_heads=8, dff=2048)
+        y = block(x, padding_mask=mask)  # x (batch, seq, d), mask (batch, seq) bool -> (batch, seq, d)
+        probs = block.attention_probabilities(x, padding_mask=mask)  # (batch, heads, seq, seq) float32
+    """
+
+    def build(self, input_shape):
+        d_model = input_shape[-1]
+        self.head_dim = self.check_width(d_model)
         policy = self.dtype_policy
 
         def dense(units, name, activation=None):
@@ -203,12 +246,6 @@ class TransformerEncoderBlock(keras.layers.Layer):
     def call(self, x, padding_mask=None, training=None):
         x = self._residual(x, self._attention_norm, lambda h: self._attention(h, padding_mask, training), training)
         return self._residual(x, self._ffn_norm, lambda h: self._ffn_output(self._ffn_inner(h)), training)
-
-    def _residual(self, x, norm, sublayer, training):
-        """x + dropout(sublayer(x)), with LayerNorm before the sublayer (pre) or after the add (post)."""
-        if self.norm == "pre":
-            return x + self._residual_dropout(sublayer(norm(x)), training=training)
-        return norm(x + self._residual_dropout(sublayer(x), training=training))
 
     def attention_probabilities(self, x, padding_mask=None):
         """Every head's attention weights, as `call` computes them before dropout.
@@ -239,34 +276,16 @@ class TransformerEncoderBlock(keras.layers.Layer):
 
     def _probabilities(self, query, key, padding_mask):
         """Scaled dot-product softmax over the keys, in float32: (batch, heads, seq, seq)."""
-        query = query * (1.0 / math.sqrt(self.head_dim))
-        scores = ops.einsum("bqhd,bkhd->bhqk", query, key)  # (batch, heads, seq, seq)
-        scores = ops.cast(scores, "float32")  # softmax in fp32 under mixed precision
-        if padding_mask is not None:
-            # expand_dims, not [:, None, None, :]: TFLite has no StridedSlice with new axes
-            keep = ops.expand_dims(ops.expand_dims(ops.cast(padding_mask, "bool"), 1), 1)  # (batch, 1, 1, seq)
-            scores = ops.where(keep, scores, -1e9)
-        return ops.softmax(scores, axis=-1)
+        if padding_mask is None:
+            return attention_probabilities(query, key)
+        # expand_dims, not [:, None, None, :]: TFLite has no StridedSlice with new axes
+        keep = ops.expand_dims(ops.expand_dims(ops.cast(padding_mask, "bool"), 1), 1)  # (batch, 1, 1, seq)
+        return attention_probabilities(query, key, keep)
 
     def _attention(self, x, padding_mask, training):
-        batch, seq_len = ops.shape(x)[0], ops.shape(x)[1]
         query, key, value = self._heads(x)  # each (batch, seq, heads, head_dim)
         probs = ops.cast(self._probabilities(query, key, padding_mask), x.dtype)  # (batch, heads, seq, seq)
-        probs = self._attention_dropout(probs, training=training)
-        context = ops.einsum("bhqk,bkhd->bqhd", probs, value)
-        context = ops.reshape(context, (batch, seq_len, self.num_heads * self.head_dim))
-        return self._attention_output(context)  # (batch, seq, d)
+        return self._attention_output(attention_context(self._attention_dropout(probs, training=training), value))
 
     def compute_output_shape(self, input_shape):
         return input_shape
-
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "num_heads": self.num_heads,
-            "dff": self.dff,
-            "dropout": self.dropout,
-            "norm": self.norm,
-            "epsilon": self.epsilon,
-            "activation": self.activation,
-        }
