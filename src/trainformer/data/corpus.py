@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from trainformer.data.recipes import RECIPES, read_recipe
+from trainformer.data.recipes import RECIPES, read_recipe, split_recipe_name
 from trainformer.errors import UserError
 
 SUFFIXES = (".txt", ".jsonl")
@@ -48,8 +48,9 @@ class Corpus:
 
 def load_corpus(name_or_path: str, valid_fraction: float) -> Corpus:
     """Read, clean and split a corpus given as a recipe name or a .txt/.jsonl path."""
-    if name_or_path in RECIPES:
-        raw, source = read_recipe(name_or_path)
+    recipe, _ = split_recipe_name(name_or_path)  # "NAME:DIR" too: a parallel recipe is refused by name
+    if recipe:
+        raw, source = read_recipe(recipe)
     else:
         path = Path(name_or_path).expanduser()
         if not path.is_file():

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from trainformer.data.recipes import LABELLED, RECIPES, read_labelled_recipe
+from trainformer.data.recipes import LABELLED, read_labelled_recipe, split_recipe_name
 from trainformer.errors import UserError
 
 SUFFIXES = (".jsonl", ".tsv", ".csv")
@@ -99,8 +99,9 @@ def load_labelled(name_or_path: str, valid_fraction: float, test_fraction: float
             f"0 <= test and valid + test < 1"
         )
     skipped: Counter = Counter()
-    if name_or_path in RECIPES:
-        raw, source = read_labelled_recipe(name_or_path)
+    recipe, _ = split_recipe_name(name_or_path)  # "NAME:DIR" too: a parallel recipe is refused by name
+    if recipe:
+        raw, source = read_labelled_recipe(recipe)
         pairs = list(clean(raw, skipped))
     else:
         path = Path(name_or_path).expanduser()
