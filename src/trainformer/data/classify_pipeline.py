@@ -48,11 +48,16 @@ def cached_encode(cache_dir: Path, tokenizer: Tokenizer, texts: list[str], label
         return load_cached(path), True
     flat, lengths = encode(tokenizer, texts, seq_len)
     arrays = {"flat": flat, "lengths": lengths, "labels": np.asarray(labels, np.int32)}
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    save_arrays(path, arrays)
+    return arrays, False
+
+
+def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """An .npz written then renamed: a crash never leaves half a cache."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial.npz")
     np.savez(partial, **arrays)
     partial.replace(path)
-    return arrays, False
 
 
 def load_cached(path: Path) -> dict[str, np.ndarray]:

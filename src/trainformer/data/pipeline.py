@@ -176,7 +176,8 @@ def distribute(strategy: tf.distribute.Strategy, global_batches: tf.data.Dataset
         first = context.input_pipeline_id * local
 
         def rows_of_local_replicas(tensor: tf.Tensor) -> tf.Tensor:  # (b, ...) -> (local, b/R, ...)
-            rows = tensor.shape[0] // replicas  # static; later dims may vary (length-bucketed batches)
+            rows = tensor.shape[0]  # static where every batch has the same rows; later dims may vary
+            rows = (tf.shape(tensor)[0] if rows is None else rows) // replicas  # None: token-budget batches
             per_replica = tf.reshape(tensor, tf.concat([[replicas, rows], tf.shape(tensor)[1:]], axis=0))
             return per_replica[first : first + local]
 
