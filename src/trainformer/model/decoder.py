@@ -1,0 +1,253 @@
+"""The Transformer decoder ("Attention Is All You Need"): causal self-attention, cross-attention
+onto the encoder's output, feed-forward; and its one-token step with a key/value cache.
+
+Training runs the whole target at once (teacher forcing, a causal mask). Decoding
+(model/search.py) runs `step`: the new token's keys and values are written into a cache of
+fixed length, so each token costs one position instead of the whole prefix, and every shape
+stays static for XLA. The cross-attention keys and values depend only on the source: `start`
+computes them once per source.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+from keras import ops
+
+from trainformer.model.layers import (
+    PACKAGE,
+    LearnedPositionalEmbedding,
+    PositionalEncoding,
+    ReversibleEmbedding,
+    TransformerBlock,
+    activation_function,
+    attention_context,
+    attention_probabilities,
+)
+
+
+def causal_keep(length):
+    """(1, 1, length, length) bool: query i may look at keys 0..i."""
+    positions = ops.arange(length)
+    return ops.expand_dims(ops.expand_dims(positions[None, :] <= positions[:, None], 0), 0)
+
+
+def memory_keep(memory_mask):
+    """(batch, s) bool source padding mask -> (batch, 1, 1, s)."""
+    return ops.expand_dims(ops.expand_dims(ops.cast(memory_mask, "bool"), 1), 1)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class TransformerDecoderBlock(TransformerBlock):
+    """Causal self-attention, cross-attention onto the encoder output, GELU feed-forward; each
+    with dropout and a residual connection.
+
+    Args: those of TransformerBlock (layers.py), as the encoder block's.
+
+    Self-attention queries, keys and values come from one fused (d, 3d) projection; the
+    cross-attention's keys and values from one (d, 2d) projection of the encoder output.
+
+    Call: (x (batch, t, d), memory (batch, s, d), memory_mask (batch, s) bool) -> (batch, t, d).
+    Step: (x (batch, 1, d), index, cache, memory_kv, memory_mask) -> ((batch, 1, d), cache), see
+    `step`.
+
+    Example:
+        block = TransformerDecoderBlock(num_heads=4, dff=1024)
+        y = block(x, memory, memory_mask)  # (batch, t, d)
+    """
+
+    def build(self, x_shape, memory_shape=None, memory_mask_shape=None):
+        d_model = x_shape[-1]
+        self.head_dim = self.check_width(d_model)
+        policy = self.dtype_policy
+
+        def sublayer(layer, inner=d_model):
+            layer.build((None, None, inner))
+            return layer
+
+        def dense(units, name, activation=None, inner=d_model):
+            return sublayer(keras.layers.Dense(units, activation=activation, name=name, dtype=policy), inner)
+
+        def layer_norm(name):
+            return sublayer(keras.layers.LayerNormalization(epsilon=self.epsilon, name=name, dtype=policy))
+
+        self._self_qkv = dense(3 * d_model, "self_qkv")
+        self._self_output = dense(d_model, "self_output")
+        self._self_norm = layer_norm("self_norm")
+        self._cross_query = dense(d_model, "cross_query")
+        self._cross_kv = dense(2 * d_model, "cross_kv")
+        self._cross_output = dense(d_model, "cross_output")
+        self._cross_norm = layer_norm("cross_norm")
+        self._ffn_inner = dense(self.dff, "ffn_inner", activation=activation_function(self.activation))
+        self._ffn_output = dense(d_model, "ffn_output", inner=self.dff)
+        self._ffn_norm = layer_norm("ffn_norm")
+        self._attention_dropout = keras.layers.Dropout(self.dropout, dtype=policy)
+        self._residual_dropout = keras.layers.Dropout(self.dropout, dtype=policy)
+
+    def _split(self, x, parts):
+        """(batch, t, parts * d) -> `parts` tensors (batch, t, heads, head_dim)."""
+        batch, length = ops.shape(x)[0], ops.shape(x)[1]
+        return tuple(ops.unstack(ops.reshape(x, (batch, length, parts, self.num_heads, self.head_dim)), parts, axis=2))
+
+    def memory_kv(self, memory):
+        """The cross-attention keys and values of an encoder output: 2 x (batch, s, heads, head_dim)."""
+        return self._split(self._cross_kv(memory), 2)
+
+    def _attend(self, query, key, value, keep, output, training):
+        probs = ops.cast(attention_probabilities(query, key, keep), query.dtype)  # (batch, heads, q, k)
+        return output(attention_context(self._attention_dropout(probs, training=training), value))
+
+    def _cross_and_ffn(self, x, memory_kv, memory_mask, training):
+        key, value = memory_kv
+        keep = memory_keep(memory_mask)
+
+        def cross(h):
+            query = self._split(self._cross_query(h), 1)[0]
+            return self._attend(query, key, value, keep, self._cross_output, training)
+
+        x = self._residual(x, self._cross_norm, cross, training)
+        return self._residual(x, self._ffn_norm, lambda h: self._ffn_output(self._ffn_inner(h)), training)
+
+    def call(self, x, memory, memory_mask, training=None):
+        # Only a causal mask on the targets: a padded position comes after every real one, so
+        # causality already keeps real queries off it, and padded queries are not scored.
+        def causal_self(h):
+            query, key, value = self._split(self._self_qkv(h), 3)
+            return self._attend(query, key, value, causal_keep(ops.shape(h)[1]), self._self_output, training)
+
+        x = self._residual(x, self._self_norm, causal_self, training)
+        return self._cross_and_ffn(x, self.memory_kv(memory), memory_mask, training)
+
+    def empty_cache(self, batch, max_length, dtype):
+        """Self-attention keys and values of positions 0..max_length-1, not yet computed:
+        2 x (batch, max_length, heads, head_dim) zeros."""
+        zeros = ops.zeros((batch, max_length, self.num_heads, self.head_dim), dtype)
+        return zeros, zeros
+
+    def step(self, x, index, cache, memory_kv, memory_mask):
+        """One new position: x (batch, 1, d) at position `index` (scalar int32); cache from
+        empty_cache with positions < index filled. Returns (y (batch, 1, d), cache with `index`
+        filled). Equal to `call` on the whole prefix, at its last position (inference only)."""
+        cached_keys, cached_values = cache
+        keep = (ops.arange(ops.shape(cached_keys)[1]) <= index)[None, None, None, :]  # positions 0..index
+        written = {}
+
+        def cached_self(h):
+            query, key, value = self._split(self._self_qkv(h), 3)  # each (batch, 1, heads, head_dim)
+            start = (0, index, 0, 0)
+            written["keys"] = ops.slice_update(cached_keys, start, ops.cast(key, cached_keys.dtype))
+            written["values"] = ops.slice_update(cached_values, start, ops.cast(value, cached_values.dtype))
+            return self._attend(query, written["keys"], written["values"], keep, self._self_output, False)
+
+        x = self._residual(x, self._self_norm, cached_self, False)
+        return self._cross_and_ffn(x, memory_kv, memory_mask, False), (written["keys"], written["values"])
+
+    def compute_output_shape(self, x_shape, memory_shape=None, memory_mask_shape=None):
+        return x_shape
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class TransformerDecoder(keras.layers.Layer):
+    """Target embedding + positions + decoder blocks (+ final LayerNorm for "pre") + the output
+    projection, tied to the target token embedding.
+
+    Args:
+        token_embedding: the ReversibleEmbedding of target tokens (the encoder's when the model
+            ties embeddings); its matrix is also the output layer. Rebuilt by the owning model,
+            not serialised here.
+        max_length: the longest target (decoder positions).
+        num_layers, num_heads, dff, dropout, norm, position, activation: as the encoder's.
+
+    Call: (target_ids (batch, t), memory (batch, s, d), memory_mask (batch, s)) -> logits
+    (batch, t, vocab) float32.
+    Decoding: state = start(memory, memory_mask, max_length); logits, state = step(ids, index, state).
+    """
+
+    def __init__(self, token_embedding: ReversibleEmbedding, max_length: int, num_layers: int, num_heads: int,
+                 dff: int, dropout: float = 0.1, norm: str = "post", position: str = "sinusoidal",
+                 activation: str = "gelu_tanh", **kwargs):
+        super().__init__(**kwargs)
+        self.token_embedding = token_embedding
+        self.max_length = max_length
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.dff = dff
+        self.dropout = dropout
+        self.norm = norm
+        self.position = position
+        self.activation = activation
+
+    def build(self, target_ids_shape, memory_shape=None, memory_mask_shape=None):
+        d_model = self.token_embedding.output_dim
+        policy = self.dtype_policy
+        if not self.token_embedding.built:  # an untied embedding: only the decoder calls it
+            self.token_embedding.build((None, None))
+        positions = PositionalEncoding if self.position == "sinusoidal" else LearnedPositionalEmbedding
+        self._positions = positions(self.max_length, name="positions", dtype=policy)
+        self._positions.build((None, None, d_model))
+        self._embedding_norm = None
+        if self.norm == "post":
+            self._embedding_norm = keras.layers.LayerNormalization(epsilon=1e-12, name="embeddings_norm", dtype=policy)
+            self._embedding_norm.build((None, None, d_model))
+        self._dropout = keras.layers.Dropout(self.dropout, dtype=policy)
+        self.blocks = []
+        for index in range(self.num_layers):
+            block = TransformerDecoderBlock(self.num_heads, self.dff, self.dropout, self.norm,
+                                            activation=self.activation, name=f"block_{index}", dtype=policy)
+            block.build((None, None, d_model))
+            self.blocks.append(block)
+        self._final_norm = None
+        if self.norm == "pre":
+            self._final_norm = keras.layers.LayerNormalization(epsilon=1e-12, name="final_norm", dtype=policy)
+            self._final_norm.build((None, None, d_model))
+        self.output_bias = self.add_weight(name="output_bias", shape=(self.token_embedding.input_dim,),
+                                           initializer="zeros")
+
+    def _embed(self, target_ids, start, training):
+        x = self.token_embedding(target_ids)  # (batch, t, d)
+        if self.position == "sinusoidal":
+            x = x * ops.cast(math.sqrt(self.token_embedding.output_dim), x.dtype)  # as the encoder does
+        x = self._positions(x, start=start)
+        if self._embedding_norm is not None:
+            x = self._embedding_norm(x)
+        return self._dropout(x, training=training)
+
+    def _logits(self, x):
+        if self._final_norm is not None:
+            x = self._final_norm(x)
+        return self.token_embedding(x, reverse=True) + ops.cast(self.output_bias, "float32")  # (batch, t, vocab)
+
+    def call(self, target_ids, memory, memory_mask, training=None):
+        x = self._embed(target_ids, 0, training)
+        for block in self.blocks:
+            x = block(x, memory, memory_mask, training=training)
+        return self._logits(x)
+
+    def start(self, memory, memory_mask, max_length: int) -> dict:
+        """The decoding state of a batch of encoded sources: each block's cross-attention keys
+        and values, and its empty self-attention cache for max_length positions. Every tensor
+        has the batch first, so a beam search can reorder or repeat rows of the whole state."""
+        batch = ops.shape(memory)[0]
+        return {"memory_mask": memory_mask,
+                "memory_kv": [block.memory_kv(memory) for block in self.blocks],
+                "cache": [block.empty_cache(batch, max_length, memory.dtype) for block in self.blocks]}
+
+    def step(self, token_ids, index, state: dict):
+        """token_ids (batch,) int32 at position `index` -> (logits (batch, vocab) float32 for the
+        next position, state with `index` cached)."""
+        x = self._embed(ops.expand_dims(token_ids, 1), index, False)  # (batch, 1, d)
+        caches = []
+        for block, memory_kv, cache in zip(self.blocks, state["memory_kv"], state["cache"]):
+            x, cache = block.step(x, index, cache, memory_kv, state["memory_mask"])
+            caches.append(cache)
+        return self._logits(x)[:, 0, :], {**state, "cache": caches}
+
+    def compute_output_shape(self, target_ids_shape, memory_shape=None, memory_mask_shape=None):
+        return (*target_ids_shape, self.token_embedding.input_dim)
+
+    def get_config(self):
+        # The (possibly shared) embedding is rebuilt by the model that owns it.
+        return {**super().get_config(), "max_length": self.max_length, "num_layers": self.num_layers,
+                "num_heads": self.num_heads, "dff": self.dff, "dropout": self.dropout, "norm": self.norm,
+                "position": self.position, "activation": self.activation}
