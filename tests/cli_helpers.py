@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -26,6 +27,18 @@ def trainformer(*args, check=True):
 def start(*args, stdout=subprocess.DEVNULL) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "trainformer", *args], env=ENV, stdout=stdout,
                             stderr=subprocess.DEVNULL, text=True)
+
+
+def stop_after_first_step(*args) -> str:
+    """Start `trainformer train ARGS`, SIGTERM it once it has logged a step; its stdout."""
+    process = start("train", *args, stdout=subprocess.PIPE)
+    for line in process.stdout:
+        if line.startswith("step "):
+            break
+    process.send_signal(signal.SIGTERM)
+    stdout, _ = process.communicate(timeout=120)
+    assert process.returncode == 0 and "SIGTERM: stopped at step" in stdout
+    return stdout
 
 
 def read_metrics(run_dir):

@@ -2,7 +2,6 @@
 classifier fine-tuned from it on the real chatterbot intent set; eval, predict, resume."""
 
 import json
-import signal
 import subprocess
 import sys
 
@@ -10,7 +9,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import ENV, TINY, read_metrics, start, trainformer
+from cli_helpers import ENV, TINY, read_metrics, stop_after_first_step, trainformer
 
 from trainformer.config import load_config
 from trainformer.model.heads import build_classifier, build_masked_lm
@@ -120,13 +119,7 @@ def test_a_stopped_classify_run_resumes_to_the_same_weights(tmp_path, pretrained
     args = [*TINY, *INTENTS, "--set", "train.steps=30", "--set", "train.deterministic=true",
             "--set", "model.dropout=0.1", "--set", f"model.init_from={pretrained}"]
     trainformer("train", "--run-dir", str(tmp_path / "whole"), *args)
-    process = start("train", "--run-dir", str(tmp_path / "stopped"), *args, stdout=subprocess.PIPE)
-    for line in process.stdout:
-        if line.startswith("step "):
-            break
-    process.send_signal(signal.SIGTERM)
-    stdout, _ = process.communicate(timeout=120)
-    assert process.returncode == 0 and "SIGTERM: stopped at step" in stdout
+    stop_after_first_step("--run-dir", str(tmp_path / "stopped"), *args)
     trainformer("train", "--run-dir", str(tmp_path / "stopped"))
     digests = [json.loads((tmp_path / name / "manifest.json").read_text())["weights_sha256"]
                for name in ("whole", "stopped")]

@@ -181,6 +181,9 @@ def test_invalid_choice_for_norm(tmp_path):
     ("train.steps=0", "train.steps"), ("model.dropout=1.0", "model.dropout"),
     ("data.seq_len=4", "data.seq_len"), ("train.warmup_steps=-1", "train.warmup_steps"),
     ("tokenizer.vocab_size=50", "tokenizer.vocab_size"), ("train.precision=fp8", "train.precision"),
+    ("decode.strategy=sample", "decode.strategy"), ("decode.beam_size=0", "decode.beam_size"),
+    ("decode.max_length=65", "decode.max_length"), ("train.label_smoothing=1.0", "train.label_smoothing"),
+    ("train.batch_tokens=0", "train.batch_tokens"), ("model.decoder_layers=-1", "model.decoder_layers"),
 ])
 def test_impossible_values_name_the_key(override, key):
     assert key in error_of(None, [override])
@@ -211,7 +214,7 @@ def test_top_level_must_be_a_mapping(tmp_path):
 
 # --- round trip -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["zh-bert-tiny", "zh-bert-80m"])
+@pytest.mark.parametrize("name", ["zh-bert-tiny", "zh-bert-80m", "en-zh-translate", "zh-headline"])
 def test_dump_then_load_gives_an_equal_config(tmp_path, name):
     config = load_config(name, ["train.learning_rate=3e-5", "model.norm=pre", "data.corpus=my news.txt"])
     path = tmp_path / "config.yaml"

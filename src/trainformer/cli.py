@@ -45,11 +45,14 @@ def parser() -> argparse.ArgumentParser:
                           help="the newest checkpoint (default) or the one with the lowest valid loss")
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
 
-    predict = verb("predict", help="answer texts with a run's model: a label (classify) or [MASK] fills (mlm)")
+    predict = verb("predict", help="answer texts with a run's model: a label (classify), [MASK] fills (mlm), "
+                                   "a translation or summary (seq2seq)")
     predict.add_argument("run_dir", type=Path, help="a run directory written by train (or import hf)")
     predict.add_argument("texts", nargs="*", metavar="TEXT", help="texts to answer (default: lines on stdin)")
     predict.add_argument("--checkpoint", choices=("latest", "best"), default="latest",
                          help="the newest checkpoint (default) or the one with the lowest valid loss")
+    predict.add_argument("--nbest", action="store_true",
+                         help="seq2seq with beam search: also print every hypothesis of the beam with its score")
 
     export = verb("export", help="write a run's model as a SavedModel (text in), TFLite and ONNX, checked for parity")
     export.add_argument("run_dir", type=Path, help="a run directory written by train (or import hf)")
@@ -211,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     if args.verb == "predict":
         from trainformer.train.inference import predictor
 
-        answer = predictor(args.run_dir, which=args.checkpoint)
+        answer = predictor(args.run_dir, which=args.checkpoint, nbest=args.nbest)
         for chunk in text_chunks(args.texts or (line.rstrip("\n") for line in sys.stdin)):
             for result in answer(chunk):
                 print(json.dumps(result, ensure_ascii=False), flush=True)

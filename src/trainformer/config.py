@@ -42,12 +42,15 @@ class ModelConfig:
     activation: str = "gelu_tanh"  # feed-forward GELU: gelu_tanh (approximate) | gelu (exact, erf: BERT's)
     max_length: int = 0  # positions the model holds; 0: data.seq_len (an imported BERT keeps its 512)
     init_from: str = ""  # a run directory whose encoder (weights and vocabulary) this run starts from
+    decoder_layers: int = 0  # seq2seq: decoder blocks; 0: num_layers
+    tie_embeddings: bool = True  # seq2seq: one embedding for source, target and output (a joint vocabulary)
 
 
 @dataclass
 class DataConfig:
     corpus: str = "people-daily-1998"  # a recipe name (trainformer data list) or a .txt/.jsonl path
-    seq_len: int = 64
+    seq_len: int = 64  # tokens per window (mlm), per text (classify), per source (seq2seq)
+    target_len: int = 0  # seq2seq: tokens per target, its end token included; 0: seq_len
     valid_fraction: float = 0.05
     test_fraction: float = 0.0  # classify: share held out for the final test score (never used in training)
     mask_rate: float = 0.15
@@ -64,7 +67,9 @@ class TokenizerConfig:
 @dataclass
 class TrainConfig:
     steps: int = 4000  # optimizer updates
-    batch_size: int = 32  # windows per micro-batch
+    batch_size: int = 32  # windows per micro-batch (seq2seq: pairs per eval batch)
+    batch_tokens: int = 4096  # seq2seq: padded source + target tokens per micro-batch (rows vary with length)
+    label_smoothing: float = 0.0  # seq2seq: share of the target probability spread over the vocabulary
     accumulate: int = 1  # micro-batches per update: one update sees accumulate x batch_size windows
     learning_rate: float = 1e-3
     warmup_steps: int = 200  # capped at `steps` for a shorter run
@@ -91,7 +96,17 @@ class RuntimeConfig:
 
 @dataclass
 class TaskConfig:
-    type: str = "mlm"  # mlm (masked-LM pretraining) | classify (text -> label)
+    type: str = "mlm"  # mlm (masked-LM pretraining) | classify (text -> label) | seq2seq (text -> text)
+
+
+@dataclass
+class DecodeConfig:
+    """seq2seq: how outputs are generated, in eval, predict and a served model."""
+
+    strategy: str = "beam"  # greedy | beam
+    beam_size: int = 4
+    length_penalty: float = 0.6  # GNMT's alpha: scores are log p / ((5 + length) / 6) ** alpha
+    max_length: int = 0  # output tokens at most; 0: data.target_len
 
 
 @dataclass
@@ -102,6 +117,7 @@ class ExperimentConfig:
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -112,7 +128,8 @@ class ExperimentConfig:
 
 
 CHOICES = {
-    "task.type": ("mlm", "classify"),
+    "task.type": ("mlm", "classify", "seq2seq"),
+    "decode.strategy": ("greedy", "beam"),
     "model.norm": ("post", "pre"),
     "model.activation": ("gelu_tanh", "gelu"),
     "model.position": ("sinusoidal", "learned"),
@@ -224,6 +241,7 @@ def validate(config: ExperimentConfig, origin: str) -> None:
         "train.log_every": t.log_every, "train.eval_every": t.eval_every,
         "train.checkpoint_every": t.checkpoint_every, "train.keep_checkpoints": t.keep_checkpoints,
         "tokenizer.min_frequency": tok.min_frequency, "runtime.cpu_devices": config.runtime.cpu_devices,
+        "train.batch_tokens": t.batch_tokens, "decode.beam_size": config.decode.beam_size,
     }
     for key, value in positive.items():
         if value <= 0:
@@ -237,9 +255,11 @@ def validate(config: ExperimentConfig, origin: str) -> None:
     ranges = {
         "model.dropout": (m.dropout, 0.0, 1.0), "data.valid_fraction": (d.valid_fraction, 0.0, 1.0),
         "data.mask_rate": (d.mask_rate, 0.0, 1.0), "data.test_fraction": (d.test_fraction, 0.0, 1.0),
+        "train.label_smoothing": (t.label_smoothing, 0.0, 1.0),
     }
+    may_be_zero = ("model.dropout", "data.test_fraction", "train.label_smoothing")
     for key, (value, low, high) in ranges.items():
-        if not low <= value < high or (key not in ("model.dropout", "data.test_fraction") and value == 0):
+        if not low <= value < high or (key not in may_be_zero and value == 0):
             raise ConfigError(f"{origin}: {key}: must be in ({low}, {high}), got {value}")
     if d.valid_fraction + d.test_fraction >= 1:
         raise ConfigError(f"{origin}: data.test_fraction: with data.valid_fraction it must leave data to train on, "
@@ -248,6 +268,15 @@ def validate(config: ExperimentConfig, origin: str) -> None:
         raise ConfigError(f"{origin}: model.max_length: {m.max_length} positions cannot hold data.seq_len={d.seq_len}")
     if m.max_length < 0:
         raise ConfigError(f"{origin}: model.max_length: must be >= 0 (0: data.seq_len), got {m.max_length}")
+    for key, value in {"model.decoder_layers": m.decoder_layers, "data.target_len": d.target_len,
+                       "decode.max_length": config.decode.max_length}.items():
+        if value < 0:
+            raise ConfigError(f"{origin}: {key}: must be >= 0 (0: the default), got {value}")
+    if config.decode.max_length > (d.target_len or d.seq_len):
+        raise ConfigError(f"{origin}: decode.max_length: {config.decode.max_length} is more than the decoder's "
+                          f"{d.target_len or d.seq_len} positions (data.target_len)")
+    if config.decode.length_penalty < 0:
+        raise ConfigError(f"{origin}: decode.length_penalty: must be >= 0, got {config.decode.length_penalty}")
     if d.seq_len < 8:
         raise ConfigError(f"{origin}: data.seq_len: must be >= 8, got {d.seq_len}")
     if t.warmup_steps < 0:  # more than train.steps is capped at train.steps (a short trial run)
@@ -279,6 +308,7 @@ def _field_types(cls: type) -> dict[str, type]:
     nested = {
         "TaskConfig": TaskConfig, "ModelConfig": ModelConfig, "DataConfig": DataConfig,
         "TokenizerConfig": TokenizerConfig, "TrainConfig": TrainConfig, "RuntimeConfig": RuntimeConfig,
+        "DecodeConfig": DecodeConfig,
     }
     return {f.name: hints.get(f.type) or nested[f.type] for f in dataclasses.fields(cls)}
 

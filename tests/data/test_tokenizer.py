@@ -154,3 +154,23 @@ def test_copy_vocab_rejects_a_file_without_our_special_tokens(tmp_path, text, me
 def test_copy_vocab_names_a_missing_file(tmp_path):
     with pytest.raises(UserError, match="tokenizer.vocab_file: .*missing.txt: no such file"):
         copy_vocab(str(tmp_path / "missing.txt"), tmp_path / "tok", lowercase=True)
+
+
+def test_text_turns_ids_back_into_the_normalised_text(corpus, tokenizer):
+    """What a seq2seq model's output ids read as: Chinese without spaces, NFKC as the tokenizer
+    read it, English words still apart, [UNK] kept, specials and padding gone."""
+    import unicodedata
+
+    paragraphs = [p[:80] for p in corpus.valid[:50]]
+    ids = tokenizer(tf.constant(paragraphs))
+    framed = tf.concat([tf.fill([len(paragraphs), 1], 2), ids, tf.fill([len(paragraphs), 1], 3)], axis=1)
+    texts = [t.decode("utf-8") for t in tokenizer.text(framed.to_tensor(0)).numpy()]
+    unknown = 0
+    for paragraph, text, row in zip(paragraphs, texts, ids.to_list()):
+        if 1 in row:  # [UNK]: a character outside the vocabulary stands as "[UNK]"
+            unknown += 1
+            continue
+        assert text == "".join(unicodedata.normalize("NFKC", paragraph).lower().split())
+    assert unknown < 5
+    mixed = tokenizer.text(tokenizer(tf.constant(["在 windows 中打开 the file, 25 %"])).to_tensor(0)).numpy()[0]
+    assert mixed.decode("utf-8") == "在windows中打开the file,25%"

@@ -26,9 +26,10 @@ from trainformer.export import parity
 from trainformer.export.convert import QUANTIZATIONS, to_onnx, to_tflite
 from trainformer.files import write_atomic
 from trainformer.train.inference import load_run
-from trainformer.train.run_dir import now, package_versions
+from trainformer.train.run_dir import RunDir, now, package_versions
 
 FORMATS = ("saved_model", "tflite", "onnx")
+EXPORTABLE = ("classify", "mlm")  # seq2seq's parity (output ids, not logits) is not written yet
 METADATA_FILE = "metadata.json"
 TOKENIZER_SCRIPT = Path(__file__).with_name("wordpiece_tokenizer.py")  # stdlib only: runs anywhere
 VERSIONS = ("trainformer", "tensorflow", "tensorflow-text", "keras", "tf2onnx", "onnxruntime", "ai-edge-litert")
@@ -44,6 +45,10 @@ def export_run(run_dir: Path, out: Path | None = None, formats=FORMATS, which: s
         raise UserError("--quantize makes quantized TFLite models: add tflite to --format")
     out = Path(out) if out else Path(run_dir) / "export"
     _check_out(out)
+    task_type = RunDir(Path(run_dir)).load_config().task.type
+    if task_type not in EXPORTABLE:
+        raise UserError(f"export: {run_dir} is a {task_type} run; export handles {' and '.join(EXPORTABLE)} runs "
+                        f"(use trainformer predict for its answers)")
     task, model, checkpoint, step = load_run(Path(run_dir), which, precision="fp32")
     serving = task.serving(model)
     staging = out.with_name(f".{out.name}.partial")

@@ -43,6 +43,9 @@ def bench(config: ExperimentConfig, steps: int = 20, warmup: int = 3, synthetic:
     """Time `steps` training steps of config after `warmup` untimed ones; return the metrics."""
     if steps < 1 or warmup < 1:
         raise UserError(f"--steps and --warmup must be >= 1, got {steps} and {warmup}")
+    if config.task.type == "seq2seq":  # its FLOP model (flops.py) and token count are the encoder's
+        raise UserError("bench: seq2seq configs are not benched yet; `trainformer train` prints their tokens/s "
+                        "(real source + target tokens) and data-wait")
     configure_devices(config.runtime)  # first: GPU memory growth is refused once devices are up
     train_cfg = config.train
     keras.utils.set_random_seed(train_cfg.seed)

@@ -11,11 +11,16 @@ task owns the rest (DESIGN.md "Tasks", after Model Garden's Task, kept smaller):
     evaluate = task.evaluator(model)        # evaluate("valid") -> metrics with "loss"
     task.eval_line(metrics), task.summary_lines(), task.result_lines(final), task.manifest_data()
     task.eval_batches(split)                # the fixed held-out (inputs, targets) batches evaluate scores
-    task.on_eval(monitor, step, metrics)    # e.g. a confusion matrix image
+    task.on_eval(monitor, step, metrics)    # e.g. a confusion matrix image, seq2seq's outputs file
+    task.save_outputs(step)                 # text generators only (seq2seq): eval/<split>-<step>.jsonl
     serving = task.serving(model)           # in-graph answers: text(texts), ids(...), exported_functions()
     serving.answer(texts)                   # one dict per text: what `trainformer predict` prints
 
-`accuracy_name` names the accuracy the Trainer logs; `unit`/`items_per_step` its throughput.
+tasks/seq2seq.py Seq2SeqTask (translation, summarization) generates text with model/search.py.
+
+`accuracy_name` names the accuracy the Trainer logs; `unit`/`items_per_step` its throughput
+(None: loss_sums also returns `items`, counted per batch);
+`shape_generic` asks for one shape-generic trace of the train step (batches of varying shape).
 A task never imports another task.
 """
 
@@ -25,20 +30,26 @@ import importlib
 
 from trainformer.config import ExperimentConfig
 
-TASKS = {"mlm": "MaskedLMTask", "classify": "ClassifyTask"}
+TASKS = {"mlm": "MaskedLMTask", "classify": "ClassifyTask", "seq2seq": "Seq2SeqTask"}
 DTYPE_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
 def load_source(config: ExperimentConfig):
-    """The task's data read, cleaned and split, without TensorFlow: a Corpus (mlm) or a
-    LabelledCorpus (classify). Raises UserError naming what is wrong with it."""
+    """The task's data read, cleaned and split, without TensorFlow: a Corpus (mlm), a
+    LabelledCorpus (classify) or a ParallelCorpus (seq2seq). Raises UserError naming what is
+    wrong with it."""
+    d = config.data
+    if config.task.type == "seq2seq":
+        from trainformer.data.parallel import load_parallel
+
+        return load_parallel(d.corpus, d.valid_fraction, d.test_fraction)
     if config.task.type == "classify":
         from trainformer.data.labelled import load_labelled
 
-        return load_labelled(config.data.corpus, config.data.valid_fraction, config.data.test_fraction)
+        return load_labelled(d.corpus, d.valid_fraction, d.test_fraction)
     from trainformer.data.corpus import load_corpus
 
-    return load_corpus(config.data.corpus, config.data.valid_fraction)
+    return load_corpus(d.corpus, d.valid_fraction)
 
 
 def task_for(config: ExperimentConfig):

@@ -64,6 +64,7 @@ class ClassifyTask:
 
     accuracy_name = "accuracy"
     unit = "ex"
+    shape_generic = False  # a few batch widths: one trace each
 
     def __init__(self, config: ExperimentConfig):
         self.config = config

@@ -46,6 +46,7 @@ class MaskedLMTask:
 
     accuracy_name = "masked_accuracy"
     unit = "tok"
+    shape_generic = False  # every batch has the same shape
 
     def __init__(self, config: ExperimentConfig):
         self.config = config

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from trainformer.errors import UserError
 from trainformer.tasks import load_source, task_for
 from trainformer.train.checkpoint import find_checkpoint, restore_model
 from trainformer.train.run_dir import RunDir
@@ -30,15 +31,23 @@ def load_run(run_dir: Path, which: str = "latest", precision: str | None = None)
 
 
 def evaluate(run_dir: Path, split: str = "valid", which: str = "latest") -> dict:
-    """Score a run's checkpoint on a split with its task's metrics."""
+    """Score a run's checkpoint on a split with its task's metrics; a task that generates text
+    also writes its outputs beside the references (RUN_DIR/eval/<split>-<step>.jsonl)."""
     task, model, path, step = load_run(run_dir, which)
-    return {**task.evaluator(model)(split), "step": step, "split": split, "checkpoint": path}
+    metrics = {**task.evaluator(model)(split), "step": step, "split": split, "checkpoint": path}
+    if hasattr(task, "save_outputs"):
+        metrics["outputs_file"] = str(task.save_outputs(step))
+    return metrics
 
 
-def predictor(run_dir: Path, which: str = "latest"):
+def predictor(run_dir: Path, which: str = "latest", nbest: bool = False):
     """answer(texts) -> one dict per text: the task's answer (classify: label and
-    probabilities; mlm: the top tokens for each [MASK]), through the same in-graph functions
-    an export saves. The model loads once."""
+    probabilities; mlm: the top tokens for each [MASK]; seq2seq: the output text, with nbest
+    the beam's hypotheses too), through the same in-graph functions an export saves. The
+    model loads once."""
     task, model, _, _ = load_run(run_dir, which)
     serving = task.serving(model)
-    return lambda texts: serving.answer(list(texts))
+    if nbest and task.config.task.type != "seq2seq":
+        raise UserError(f"--nbest: {run_dir} is a {task.config.task.type} run; only seq2seq runs decode with a beam")
+    options = {"nbest": True} if nbest else {}
+    return lambda texts: serving.answer(list(texts), **options)

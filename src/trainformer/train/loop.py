@@ -65,7 +65,8 @@ class Trainer:
     """
 
     def __init__(self, model: keras.Model, optimizer: keras.Optimizer, strategy: tf.distribute.Strategy,
-                 config: TrainConfig, loss_sums: Callable[[tf.Tensor, dict], dict], accuracy_name: str = "accuracy"):
+                 config: TrainConfig, loss_sums: Callable[[tf.Tensor, dict], dict], accuracy_name: str = "accuracy",
+                 shape_generic: bool = False):
         self.model = model
         self.loss_sums = loss_sums
         self.accuracy_name = accuracy_name  # the key its accuracy is logged under, e.g. masked_accuracy
@@ -89,7 +90,9 @@ class Trainer:
         # One trace per batch width (length-bucketed batches come in a few): not reduce_retracing,
         # whose shape-generic trace would make a batch's kernels depend on which widths came
         # first in this process, and a resumed run differ from an uninterrupted one in the last bits.
-        self._train_step = tf.function(self._distributed_train_step)
+        # shape_generic (batches cut by a token budget come in dozens of shapes): one trace for
+        # every shape from the first batch on, so every run and resume runs the same kernels.
+        self._train_step = None if shape_generic else tf.function(self._distributed_train_step)
         self._rollbacks: dict[str | None, int] = {}  # rollbacks in a row to one checkpoint
 
     def checkpoint_objects(self) -> dict:
@@ -139,6 +142,9 @@ class Trainer:
         started = time.perf_counter()
         batches = [next(iterator) for _ in range(self.config.accumulate)]
         data_wait = time.perf_counter() - started
+        if self._train_step is None:
+            signature = [[iterator.element_spec] * self.config.accumulate]  # None wherever shapes vary
+            self._train_step = tf.function(self._distributed_train_step, input_signature=signature)
         return {**self._train_step(batches), "data_wait_s": data_wait}
 
     def _distributed_train_step(self, batches: list) -> dict:
@@ -260,6 +266,8 @@ class Trainer:
             "grad_norm": float(totals["grad_norm"]) / totals["steps"],
             "learning_rate": float(self.optimizer.learning_rate),  # the next step's
         }
+        if "items" in totals:  # a task whose batches vary in size counts its tokens or examples itself
+            metrics["items"] = float(totals["items"])
         if self.loss_scale:
             metrics["loss_scale"] = float(self.loss_scale.scale.numpy())  # .numpy(): mirrored variables too
             metrics["skipped_steps"] = int(self.loss_scale.skipped_steps.numpy())

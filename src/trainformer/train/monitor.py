@@ -42,7 +42,7 @@ class Monitor:
         keep_records_until(metrics_file, start_step)
         self.logs_dir = logs_dir
         self.total_steps = total_steps
-        self.items_per_step = items_per_step  # tokens (unit "tok") or examples ("ex") per step
+        self.items_per_step = items_per_step  # tokens (unit "tok") or examples ("ex") per step; None: counted
         self.rate_key = "tokens_per_s" if unit == "tok" else "examples_per_s"
         self.unit = unit
         self.eval_line = eval_line or (lambda metrics: f"loss {metrics['loss']:.4f}")
@@ -70,7 +70,9 @@ class Monitor:
         elapsed = time.perf_counter() - self._interval_start - self._interval_excluded
         steps_per_s = self._interval_steps / max(elapsed, 1e-9)
         data_wait_pct = 100.0 * self._interval_data_wait / max(elapsed, 1e-9)
-        metrics = {**metrics, self.rate_key: steps_per_s * self.items_per_step, "data_wait_pct": data_wait_pct}
+        items = metrics.pop("items", None)  # counted by the task (varying batches), else items_per_step each
+        rate = items / max(elapsed, 1e-9) if items is not None else steps_per_s * self.items_per_step
+        metrics = {**metrics, self.rate_key: rate, "data_wait_pct": data_wait_pct}
         self._interval_start, self._interval_steps = time.perf_counter(), 0
         self._interval_excluded = self._interval_data_wait = 0.0
         self._write("train", step, metrics)

@@ -41,7 +41,7 @@ def build_trainer(config: ExperimentConfig, task, strategy: tf.distribute.Strate
     with strategy.scope():
         model = task.build_model()
         optimizer = make_optimizer(t.learning_rate, min(t.warmup_steps, t.steps), t.steps, t.weight_decay)
-    return Trainer(model, optimizer, strategy, t, task.loss_sums, task.accuracy_name)
+    return Trainer(model, optimizer, strategy, t, task.loss_sums, task.accuracy_name, task.shape_generic)
 
 
 def train(config: ExperimentConfig, run: RunDir, source, out=sys.stdout,

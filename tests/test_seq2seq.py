@@ -1,0 +1,90 @@
+"""Seq2seq end to end through the real command line, on the real People's Daily headlines:
+train, the eval outputs beside their references, eval --json, predict with the n-best, resume."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from cli_helpers import TINY, read_metrics, stop_after_first_step, trainformer
+
+from trainformer.config import load_config
+from trainformer.model.heads import build_masked_lm
+from trainformer.model.seq2seq import build_seq2seq
+from trainformer.train.checkpoint import Checkpoints, restore_pretrained
+
+HEADLINES = [*TINY, "--set", "task.type=seq2seq", "--set", "data.corpus=people-daily-headlines",
+             "--set", "data.seq_len=64", "--set", "data.target_len=24", "--set", "data.valid_fraction=0.1",
+             "--set", "data.test_fraction=0.1", "--set", "train.batch_tokens=1024", "--set", "decode.beam_size=2",
+             "--set", "train.label_smoothing=0.1", "--set", "train.steps=20", "--set", "train.eval_every=20",
+             "--set", "train.deterministic=true", "--set", "model.dropout=0.1"]
+
+
+@pytest.fixture(scope="module")
+def headline_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("headlines") / "run"
+    return run_dir, trainformer("train", "--run-dir", str(run_dir), *HEADLINES).stdout
+
+
+def test_training_writes_the_decoded_valid_split_beside_its_references(headline_run):
+    run_dir, stdout = headline_run
+    progress = [line for line in stdout.splitlines() if line.startswith("step ")]
+    assert progress and all(" tok/s" in line and "data-wait" in line for line in progress)
+    assert "BLEU" in stdout and "decode: strategy beam" in stdout
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["task"] == "seq2seq" and manifest["data"]["target_language"] == "zh"
+    rows = [json.loads(line) for line in (run_dir / "eval" / "valid-20.jsonl").read_text().splitlines()]
+    valid = [e for e in read_metrics(run_dir) if e.get("split") == "valid"][-1]
+    assert len(rows) == valid["num_examples"] > 100
+    assert all(set(row) == {"source", "reference", "output"} and row["reference"] for row in rows)
+
+
+def test_eval_json_scores_the_test_split(headline_run):
+    run_dir, _ = headline_run
+    result = json.loads(trainformer("eval", str(run_dir), "--split", "test", "--json").stdout)
+    assert {"bleu", "chrf", "rouge1", "rouge2", "rougeL", "loss", "token_accuracy", "num_examples", "split", "step",
+            "decode", "sentences_per_s"} <= set(result)
+    assert result["split"] == "test" and result["step"] == 20 and result["num_examples"] > 100
+    assert result["decode"] == {"strategy": "beam", "max_length": 24, "beam_size": 2, "length_penalty": 0.6}
+    assert all(0 <= result[name] <= 100 for name in ("bleu", "chrf", "rouge1", "rouge2", "rougeL"))
+    outputs = (run_dir / "eval" / "test-20.jsonl").read_text().splitlines()
+    assert result["outputs_file"].endswith("test-20.jsonl") and len(outputs) == result["num_examples"]
+
+
+def test_predict_prints_the_output_and_the_beams_n_best(headline_run):
+    run_dir, _ = headline_run
+    texts = ["新华社北京１月１日电 国家主席江泽民发表新年讲话。", "本报讯 今年粮食生产获得丰收。"]
+    lines = trainformer("predict", str(run_dir), *texts, "--nbest").stdout.splitlines()
+    answers = [json.loads(line) for line in lines]
+    assert [a["text"] for a in answers] == texts
+    for answer in answers:
+        assert len(answer["nbest"]) == 2 and answer["nbest"][0]["output"] == answer["output"]
+        assert answer["nbest"][0]["score"] >= answer["nbest"][1]["score"] == pytest.approx(answer["nbest"][1]["score"])
+
+
+def test_a_stopped_seq2seq_run_resumes_to_the_same_weights(headline_run, tmp_path):
+    """SIGTERM mid-run, rerun: bitwise the weights of the uninterrupted deterministic run."""
+    run_dir, _ = headline_run
+    stop_after_first_step("--run-dir", str(tmp_path / "stopped"), *HEADLINES)
+    trainformer("train", "--run-dir", str(tmp_path / "stopped"))
+    digests = [json.loads((path / "manifest.json").read_text())["weights_sha256"]
+               for path in (run_dir, tmp_path / "stopped")]
+    assert digests[0] == digests[1]
+
+
+def test_the_encoder_starts_from_a_pretraining_run(tmp_path):
+    config = load_config(None, ["model.d_model=32", "model.num_layers=1", "model.num_heads=2", "model.dff=64"])
+    keras.utils.set_random_seed(1)
+    masked_lm = build_masked_lm(config.model, 100, 32)
+    Checkpoints(tmp_path, 1, model=masked_lm, step=tf.Variable(0, dtype=tf.int64)).save(3)
+    keras.utils.set_random_seed(2)
+    model = build_seq2seq(config.model, 100, 32, 16)
+    decoder_before = [w.numpy() for w in model.decoder.weights if "embedding" not in w.path]
+    restore_pretrained(model, tmp_path)
+    for ours, theirs in zip(model.encoder.weights, masked_lm.encoder.weights):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+    decoder_after = [w.numpy() for w in model.decoder.weights if "embedding" not in w.path]
+    assert len(decoder_after) == len(decoder_before) > 10
+    for before, after in zip(decoder_before, decoder_after):
+        np.testing.assert_array_equal(before, after)
