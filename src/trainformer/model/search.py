@@ -46,6 +46,19 @@ def initial_state(model, source_ids, source_mask, max_length: int, cache: bool =
     return {"memory": memory, "memory_mask": source_mask}
 
 
+def _while(going, body, loop_vars):
+    """tf.while_loop whose body keeps the static shapes its variables entered with: ops in a
+    body can lose a batch size the graph knew (a constant-folded tf.shape), which the loop
+    refuses."""
+    def same_shapes(*variables):
+        updated = body(*variables)
+        for new, old in zip(tf.nest.flatten(updated), tf.nest.flatten(variables)):
+            new.set_shape(old.shape)
+        return updated
+
+    return tf.while_loop(going, same_shapes, loop_vars)
+
+
 def _with_token(tokens, position, new):
     """tokens (n, L) with column `position` set to new (n,): one-hot arithmetic, XLA-friendly."""
     column = tf.one_hot(position, tf.shape(tokens)[1], dtype=tokens.dtype)  # (L,)
@@ -71,7 +84,7 @@ def greedy_search(step, state, batch, max_length: int):
     def going(index, tokens, log_probs, done, state):
         return (index < max_length) & ~tf.reduce_all(done)
 
-    _, tokens, log_probs, _, _ = tf.while_loop(
+    _, tokens, log_probs, _, _ = _while(
         going, body, (tf.constant(0), tokens, tf.zeros([batch]), tf.zeros([batch], tf.bool), state))
     return tokens[:, 1:], log_probs
 
@@ -143,5 +156,5 @@ def beam_search(step, state, batch, max_length: int, beam_size: int, alpha: floa
         return (index < max_length) & tf.reduce_any(best_possible > finished_scores[:, -1])
 
     loop = (tf.constant(0), alive, alive_log_probs, finished, finished_scores, dropped, state)
-    _, _, _, finished, finished_scores, dropped, _ = tf.while_loop(going, body, loop)
+    _, _, _, finished, finished_scores, dropped, _ = _while(going, body, loop)
     return finished[:, :, 1:], finished_scores, dropped  # positions past [SEP] were never written: 0
