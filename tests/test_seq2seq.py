@@ -46,6 +46,9 @@ def test_eval_json_scores_the_test_split(headline_run):
     assert {"bleu", "chrf", "rouge1", "rouge2", "rougeL", "loss", "token_accuracy", "num_examples", "split", "step",
             "decode", "sentences_per_s"} <= set(result)
     assert result["split"] == "test" and result["step"] == 20 and result["num_examples"] > 100
+    valid = json.loads(trainformer("eval", str(run_dir), "--json").stdout)
+    trained = [e for e in read_metrics(run_dir) if e.get("split") == "valid"][-1]
+    assert valid["loss"] == pytest.approx(trained["loss"], abs=1e-4)  # the checkpoint holds the whole model
     assert result["decode"] == {"strategy": "beam", "max_length": 24, "beam_size": 2, "length_penalty": 0.6}
     assert all(0 <= result[name] <= 100 for name in ("bleu", "chrf", "rouge1", "rouge2", "rougeL"))
     outputs = (run_dir / "eval" / "test-20.jsonl").read_text().splitlines()

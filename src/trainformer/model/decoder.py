@@ -191,18 +191,22 @@ class TransformerDecoder(keras.layers.Layer):
             self._embedding_norm = keras.layers.LayerNormalization(epsilon=1e-12, name="embeddings_norm", dtype=policy)
             self._embedding_norm.build((None, None, d_model))
         self._dropout = keras.layers.Dropout(self.dropout, dtype=policy)
-        self.blocks = []
         for index in range(self.num_layers):
             block = TransformerDecoderBlock(self.num_heads, self.dff, self.dropout, self.norm,
                                             activation=self.activation, name=f"block_{index}", dtype=policy)
             block.build((None, None, d_model))
-            self.blocks.append(block)
+            # An attribute each, not a list: TF checkpoints do not see the layers of a Keras-tracked list
+            setattr(self, f"block_{index}", block)
         self._final_norm = None
         if self.norm == "pre":
             self._final_norm = keras.layers.LayerNormalization(epsilon=1e-12, name="final_norm", dtype=policy)
             self._final_norm.build((None, None, d_model))
         self.output_bias = self.add_weight(name="output_bias", shape=(self.token_embedding.input_dim,),
                                            initializer="zeros")
+
+    @property
+    def blocks(self) -> list[TransformerDecoderBlock]:
+        return [getattr(self, f"block_{index}") for index in range(self.num_layers)]
 
     def _embed(self, target_ids, start, training):
         x = self.token_embedding(target_ids)  # (batch, t, d)
