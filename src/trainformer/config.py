@@ -67,7 +67,7 @@ class TokenizerConfig:
 @dataclass
 class TrainConfig:
     steps: int = 4000  # optimizer updates
-    batch_size: int = 32  # windows per micro-batch (seq2seq: pairs per eval batch)
+    batch_size: int = 32  # windows (mlm) or texts (classify) per micro-batch; seq2seq uses batch_tokens
     batch_tokens: int = 4096  # seq2seq: padded source + target tokens per micro-batch (rows vary with length)
     label_smoothing: float = 0.0  # seq2seq: share of the target probability spread over the vocabulary
     accumulate: int = 1  # micro-batches per update: one update sees accumulate x batch_size windows
