@@ -128,6 +128,29 @@ def test_mixed_bfloat16_still_gives_float32_logits():
     assert model.encoder.get_layer("block_0").compute_dtype == "bfloat16"
 
 
+def gathered_tables(model, inputs):
+    """The dtype of every (VOCAB, D) table a traced forward pass gathers rows from."""
+    import tensorflow as tf
+
+    graph = tf.function(lambda x: model(x, training=True)).get_concrete_function(inputs).graph
+    return [op.inputs[0].dtype.name for op in graph.get_operations()
+            if op.type == "GatherV2" and op.inputs[0].shape.as_list() == [VOCAB, D]]
+
+
+def test_mixed_bfloat16_gathers_from_the_float32_table_and_runs_the_head_in_bfloat16():
+    """The encoder keeps the policy it is given. A functional model drops its dtype argument:
+    then the token embedding autocast its whole table to bf16 before the gather (its gradient a
+    bf16 scatter-add, GPUs' slow path), and the head, built with the encoder's policy, ran in
+    float32."""
+    model = build_masked_lm(TINY, VOCAB, MAX_LEN, dtype="mixed_bfloat16")
+    assert model.encoder.dtype_policy.name == "mixed_bfloat16"
+    assert model.get_layer("mlm_head").compute_dtype == "bfloat16"
+    assert gathered_tables(model, make_inputs()) == ["float32"]
+    float32 = build_masked_lm(TINY, VOCAB, MAX_LEN)
+    assert float32.encoder.dtype_policy.name == "float32"
+    assert type(model.encoder).from_config(model.encoder.get_config()).dtype_policy.name == "mixed_bfloat16"
+
+
 def test_zh_bert_80m_parameters_follow_the_formula():  # ~80M on its own data: tests/test_config_sizes.py
     config = load_config("zh-bert-80m")
     model = build_masked_lm(config.model, 21128, config.data.seq_len)

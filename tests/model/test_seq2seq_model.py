@@ -88,6 +88,14 @@ def test_beam_scores_are_the_models_and_no_dropped_hypothesis_beats_a_returned_o
         np.testing.assert_allclose(scores[0, beam], log_prob / penalty, rtol=1e-4)
 
 
+def test_mixed_bfloat16_reaches_the_decoder():
+    """The decoder is built with the encoder's policy: a bf16 run decodes in bf16, not float32."""
+    model = build_seq2seq(ModelConfig(d_model=16, num_layers=1, num_heads=2, dff=32), VOCAB, 16,
+                          TARGET_LEN, dtype="mixed_bfloat16")
+    assert model.get_layer("decoder").compute_dtype == "bfloat16"
+    assert model.get_layer("decoder").blocks[0].compute_dtype == "bfloat16"
+
+
 def test_seq2seq_round_trips_through_keras_serialization():
     model = tiny_model(tie=False)
     clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(model))

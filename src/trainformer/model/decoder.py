@@ -22,8 +22,9 @@ from trainformer.model.layers import (
     ReversibleEmbedding,
     TransformerBlock,
     activation_function,
-    attention_context,
-    attention_probabilities,
+    attend,
+    padding_keep,
+    split_heads,
 )
 
 
@@ -31,11 +32,6 @@ def causal_keep(length):
     """(1, 1, length, length) bool: query i may look at keys 0..i."""
     positions = ops.arange(length)
     return ops.expand_dims(ops.expand_dims(positions[None, :] <= positions[:, None], 0), 0)
-
-
-def memory_keep(memory_mask):
-    """(batch, s) bool source padding mask -> (batch, 1, 1, s)."""
-    return ops.expand_dims(ops.expand_dims(ops.cast(memory_mask, "bool"), 1), 1)
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -87,20 +83,18 @@ class TransformerDecoderBlock(TransformerBlock):
 
     def _split(self, x, parts):
         """(batch, t, parts * d) -> `parts` tensors (batch, t, heads, head_dim)."""
-        batch, length = ops.shape(x)[0], ops.shape(x)[1]
-        return tuple(ops.unstack(ops.reshape(x, (batch, length, parts, self.num_heads, self.head_dim)), parts, axis=2))
+        return split_heads(x, parts, self.num_heads, self.head_dim)
 
     def memory_kv(self, memory):
         """The cross-attention keys and values of an encoder output: 2 x (batch, s, heads, head_dim)."""
         return self._split(self._cross_kv(memory), 2)
 
     def _attend(self, query, key, value, keep, output, training):
-        probs = ops.cast(attention_probabilities(query, key, keep), query.dtype)  # (batch, heads, q, k)
-        return output(attention_context(self._attention_dropout(probs, training=training), value))
+        return output(attend(query, key, value, keep, self._attention_dropout, training))
 
     def _cross_and_ffn(self, x, memory_kv, memory_mask, training):
         key, value = memory_kv
-        keep = memory_keep(memory_mask)
+        keep = padding_keep(memory_mask)
 
         def cross(h):
             query = self._split(self._cross_query(h), 1)[0]

@@ -67,8 +67,14 @@ class TransformerEncoder(keras.Model):
             x = block(x, padding_mask=padding_mask)
         if norm == "pre":
             x = keras.layers.LayerNormalization(epsilon=1e-12, name="final_norm", dtype=dtype)(x)
-        super().__init__(inputs={"token_ids": token_ids, "padding_mask": padding_mask}, outputs=x,
-                         dtype=dtype, **kwargs)
+        super().__init__(inputs={"token_ids": token_ids, "padding_mask": padding_mask}, outputs=x, **kwargs)
+        # A functional model drops its `dtype` argument and stays float32. Without the mixed
+        # policy no autocast scope is open when the token embedding runs, so Keras autocasts the
+        # whole table to bf16 before the gather: the gradient becomes a bf16 scatter-add (a
+        # compare-and-swap loop on GPUs, ~20x slower than f32's atomics: openxla/xla#26371).
+        # The heads and the decoder, built with this policy, would run in float32.
+        if dtype is not None:
+            self.dtype_policy = keras.dtype_policies.get(dtype)
         self.token_embedding = token_embedding
         self.vocab_size = vocab_size
         self.max_length = max_length
