@@ -6,7 +6,8 @@ A peer script must:
   * call run_timed(step_fn, warmup, steps) with a step_fn that does one full
     training step (forward + backward + AdamW update) and returns only after
     the work is done,
-  * call emit() once to print and append one JSON result line.
+  * call emit() once to print and append one JSON result line ($PEER_SUFFIX, if set, is added
+    to its peer name: before_after.sh names the source tree that ran).
 trainformer plugs in the same way (peer_trainformer.py, run with the project's own venv).
 """
 
@@ -135,7 +136,7 @@ def emit(args, peer, timing, params=None, threads=None, notes="", mode="syntheti
     p10 = t[max(0, int(0.1 * (len(t) - 1)))]
     p90 = t[int(round(0.9 * (len(t) - 1)))]
     res = dict(
-        kind="train", peer=peer, config=args.config, batch=BATCH, seq=SEQ,
+        kind="train", peer=peer + os.environ.get("PEER_SUFFIX", ""), config=args.config, batch=BATCH, seq=SEQ,
         steps=len(t), warmup=args.warmup, warmup_s=round(timing["warmup_s"], 2),
         step_ms_median=round(1e3 * med, 2), step_ms_min=round(1e3 * t[0], 2),
         step_ms_p10=round(1e3 * p10, 2), step_ms_p90=round(1e3 * p90, 2),

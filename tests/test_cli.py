@@ -15,6 +15,8 @@ import pytest
 import yaml
 from cli_helpers import TINY, read_metrics, start, trainformer
 
+from trainformer.train.precision import resolve_precision
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
@@ -238,7 +240,12 @@ def test_own_corpus_run_eval_without_the_corpus_and_a_changed_corpus_refused(tmp
             "--set", "train.warmup_steps=200"]
     result = trainformer(*args)
     assert "warmup: train.warmup_steps=200 is longer than the run: capped at train.steps=10" in result.stdout
-    final = json.loads((run_dir / "manifest.json").read_text())["final_eval"]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    final = manifest["final_eval"]
+    # precision auto: the start summary and the manifest say what it chose here and why
+    precision, why = resolve_precision("auto")
+    assert f"parameters, {precision}\n" in result.stdout and f"precision: {precision} ({why})" in result.stdout
+    assert (manifest["precision"], manifest["precision_reason"]) == (precision, why)
 
     news.rename(tmp_path / "moved.txt")  # eval reads the run's token cache, not the corpus
     assert json.loads(trainformer("eval", str(run_dir), "--json").stdout)["loss"] == pytest.approx(final["loss"])

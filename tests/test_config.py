@@ -69,7 +69,7 @@ def test_zh_bert_80m_loads_with_its_own_values():
     assert config.model.dff == 3072
     assert config.model.position == "learned"
     assert config.tokenizer.vocab_size == 21128
-    assert config.train.precision == "bf16"
+    assert config.train.precision == "auto"
     assert isinstance(config.train.learning_rate, float)
 
 

@@ -75,7 +75,7 @@ class TrainConfig:
     warmup_steps: int = 200  # capped at `steps` for a shorter run
     weight_decay: float = 0.01
     clip_norm: float = 1.0
-    precision: str = "fp32"  # fp32 | bf16 | fp16 (mixed: fp32 variables, logits, softmax; fp16 with loss scaling)
+    precision: str = "auto"  # auto (bf16 where the hardware runs it fast, else fp32) | fp32 | bf16 | fp16 (mixed: fp32 variables, logits, softmax; fp16 with loss scaling)
     xla: str = "auto"  # auto (on for GPU, off on CPU where it measured slower) | on | off
     seed: int = 42
     deterministic: bool = False  # op determinism: same config + same vocabulary -> bitwise-equal weights
@@ -133,7 +133,7 @@ CHOICES = {
     "model.norm": ("post", "pre"),
     "model.activation": ("gelu_tanh", "gelu"),
     "model.position": ("sinusoidal", "learned"),
-    "train.precision": ("fp32", "bf16", "fp16"),
+    "train.precision": ("auto", "fp32", "bf16", "fp16"),
     "train.xla": ("auto", "on", "off"),
     "train.strategy": ("auto", "one_device", "mirrored", "multi_worker", "tpu"),
     "train.on_nan": ("stop", "rollback"),

@@ -31,6 +31,7 @@ from trainformer.ops.peak import matmul_gflops
 from trainformer.tasks import load_source, task_for
 from trainformer.tasks.mlm import MaskedLMTask
 from trainformer.train.loop import Trainer
+from trainformer.train.precision import resolved
 from trainformer.train.run_dir import RunDir
 from trainformer.train.session import build_trainer
 from trainformer.train.strategy import configure_devices, describe_devices, make_strategy
@@ -47,6 +48,7 @@ def bench(config: ExperimentConfig, steps: int = 20, warmup: int = 3, synthetic:
         raise UserError("bench: seq2seq configs are not benched yet; `trainformer train` prints their tokens/s "
                         "(real source + target tokens) and data-wait")
     configure_devices(config.runtime)  # first: GPU memory growth is refused once devices are up
+    config, _ = resolved(config)  # auto -> what train would choose here
     train_cfg = config.train
     keras.utils.set_random_seed(train_cfg.seed)
     if synthetic:

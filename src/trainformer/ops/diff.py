@@ -27,7 +27,7 @@ NUMERICS_KEYS = ("train.precision", "train.xla", "train.deterministic")
 # Manifest keys the aspects read, or that repeat config.yaml (name, task) or metrics.jsonl
 # (final_eval); any other key (an imported run's, a newer trainformer's) is compared at the end.
 MANIFEST_KEYS = {"name", "task", "seed", "num_params", "vocab_size", "devices", "replicas", "data", "python",
-                 "platform", "packages", "git_rev", "final_eval", "weights_sha256"}
+                 "platform", "packages", "git_rev", "final_eval", "weights_sha256", "precision", "precision_reason"}
 # Differ from run to run of the very same experiment: when, and how fast, not what was computed.
 TIMING_KEYS = {"time", "started_at", "ended_at", "segments", "tokens_per_s", "examples_per_s", "data_wait_pct"}
 HASH = re.compile(r"^([0-9a-f]{12})[0-9a-f]{28,}(\+dirty)?$")
@@ -111,7 +111,8 @@ def aspects(run: dict) -> list[tuple[str, dict]]:
                       "platform": manifest.get("platform")}),
         ("devices", {"devices": manifest.get("devices"), "replicas": manifest.get("replicas"),
                      **{key: value for key, value in config.items() if key.startswith(DEVICE_KEYS)}}),
-        ("numerics", {key: config.get(key) for key in NUMERICS_KEYS}),
+        ("numerics", {**{key: config.get(key) for key in NUMERICS_KEYS},
+                      "precision used": manifest.get("precision")}),  # what train.precision auto chose
         ("code", {"git revision": manifest.get("git_rev")}),
         ("result", {**final_metrics(run["metrics"]), "weights sha256": manifest.get("weights_sha256")}),
         ("other", flatten({key: value for key, value in manifest.items()

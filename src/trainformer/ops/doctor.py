@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
+from trainformer.train.precision import BF16_CPU_FEATURES, read_cpuinfo
 from trainformer.train.run_dir import package_versions
 
 PACKAGES = ("trainformer", "tensorflow", "keras", "tensorflow-text")  # the stack a report names
 MIN_FREE_GIB = 10  # a zh-bert-80m run keeps 3 checkpoints of ~1 GB plus its token cache
 CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
-BF16_FEATURES = ("avx512_bf16", "amx_bf16")  # without them bf16 runs 2-3x slower than fp32 (DESIGN.md)
 # Relative (Frobenius) error of a matmul against numpy in float64. fp32 allows for TF32, which
 # TensorFlow uses for fp32 matmuls on Ampere and newer GPUs; bf16 inputs alone cost ~0.4%.
 MATMUL_TOLERANCE = {"fp32": 5e-3, "bf16": 2e-2}
@@ -95,13 +95,6 @@ def read_pins(constraints: Path) -> dict[str, str]:
 def probe_environment(environ) -> dict:
     """The variables that change which GPUs TensorFlow sees and how it takes their memory."""
     return {name: environ.get(name) for name in ("CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH")}
-
-
-def read_cpuinfo() -> str:
-    try:
-        return Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:  # not Linux
-        return ""
 
 
 def probe_cpu(cpuinfo: str) -> dict:
@@ -355,10 +348,11 @@ def nvidia_rows(nvml: dict) -> list[tuple[str, str]]:
 
 def cpu_rows(cpu: dict) -> list[tuple[str, str]]:
     present = [name for name, on in cpu["features"].items() if on]
-    fast_bf16 = any(cpu["features"][name] for name in BF16_FEATURES)
+    fast_bf16 = any(cpu["features"][name] for name in BF16_CPU_FEATURES)
     return [("model", f"{cpu['model'] or 'unknown'}, {cpu['cores']} cores"),
             ("features", " ".join(present) or "none of " + " ".join(CPU_FEATURES)),
-            ("bf16", "fast here (AVX512-BF16/AMX)" if fast_bf16 else "slow here (no AVX512-BF16/AMX): use fp32 on CPU")]
+            ("bf16", "fast here (AVX512-BF16/AMX): precision auto trains in bf16" if fast_bf16
+             else "slow here (no AVX512-BF16/AMX): precision auto trains in fp32")]
 
 
 def matmul_rows(matmul: list[dict]) -> list[tuple[str, str]]:

@@ -34,6 +34,13 @@ TASKS = {"mlm": "MaskedLMTask", "classify": "ClassifyTask", "seq2seq": "Seq2SeqT
 DTYPE_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
+def dtype_policy(precision: str) -> str:
+    """The Keras dtype policy of a `train.precision` setting, "auto" resolved for this machine."""
+    from trainformer.train.precision import resolve_precision  # TensorFlow-free until called
+
+    return DTYPE_POLICIES[resolve_precision(precision)[0]]
+
+
 def load_source(config: ExperimentConfig):
     """The task's data read, cleaned and split, without TensorFlow: a Corpus (mlm), a
     LabelledCorpus (classify) or a ParallelCorpus (seq2seq). Raises UserError naming what is

@@ -16,7 +16,7 @@ from trainformer.data.tokenizer import PAD_ID, Tokenizer, frame
 from trainformer.errors import UserError
 from trainformer.files import write_atomic
 from trainformer.model.heads import build_classifier
-from trainformer.tasks import DTYPE_POLICIES
+from trainformer.tasks import dtype_policy
 from trainformer.tasks.serving import TEXT, TaskServing
 from trainformer.tasks.vocabulary import run_vocabulary
 from trainformer.train.attention import colorize, plain_font
@@ -114,7 +114,7 @@ class ClassifyTask:
     def build_model(self) -> keras.Model:
         c = self.config
         return build_classifier(c.model, self.vocab_size, c.model.max_length or c.data.seq_len, len(self.labels),
-                                dtype=DTYPE_POLICIES[c.train.precision])
+                                dtype=dtype_policy(c.train.precision))
 
     def train_batches(self, start_batch: int) -> tf.data.Dataset:
         t = self.config.train

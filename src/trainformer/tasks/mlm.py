@@ -16,7 +16,7 @@ from trainformer.data.pipeline import (
 from trainformer.data.tokenizer import MASK_ID, PAD_ID, SPECIAL_TOKENS, Tokenizer, frame
 from trainformer.errors import UserError
 from trainformer.model.heads import build_masked_lm
-from trainformer.tasks import DTYPE_POLICIES
+from trainformer.tasks import dtype_policy
 from trainformer.tasks.serving import TEXT, TaskServing
 from trainformer.tasks.vocabulary import run_vocabulary
 from trainformer.train.run_dir import RunDir
@@ -92,7 +92,7 @@ class MaskedLMTask:
     def build_model(self) -> keras.Model:
         c = self.config
         return build_masked_lm(c.model, self.vocab_size, c.model.max_length or c.data.seq_len,
-                               dtype=DTYPE_POLICIES[c.train.precision])
+                               dtype=dtype_policy(c.train.precision))
 
     def train_batches(self, start_batch: int) -> tf.data.Dataset:
         t = self.config.train

@@ -22,7 +22,7 @@ from trainformer.errors import UserError
 from trainformer.files import write_atomic
 from trainformer.model import search
 from trainformer.model.seq2seq import build_seq2seq
-from trainformer.tasks import DTYPE_POLICIES
+from trainformer.tasks import dtype_policy
 from trainformer.tasks.serving import TEXT, TaskServing
 from trainformer.tasks.text_scores import text_scores
 from trainformer.tasks.vocabulary import run_vocabulary
@@ -138,7 +138,7 @@ class Seq2SeqTask:
     def build_model(self) -> keras.Model:
         c = self.config
         return build_seq2seq(c.model, self.vocab_size, c.model.max_length or self.source_len, self.target_len,
-                             dtype=DTYPE_POLICIES[c.train.precision])
+                             dtype=dtype_policy(c.train.precision))
 
     def evaluator(self, model: keras.Model):
         """evaluate(split) -> teacher-forced loss and token accuracy, then the whole split

@@ -27,6 +27,7 @@ from trainformer.train.checkpoint import Checkpoints, restore_pretrained, weight
 from trainformer.train.loop import Trainer
 from trainformer.train.monitor import Monitor, format_duration
 from trainformer.train.optim import make_optimizer
+from trainformer.train.precision import resolved
 from trainformer.train.prometheus import PrometheusExporter
 from trainformer.train.run_dir import RunDir, environment, now
 from trainformer.train.strategy import (
@@ -68,7 +69,8 @@ def _train(config: ExperimentConfig, run: RunDir, source, writes: RunDir, strate
     chief = writes == run
     train_cfg = config.train
     if chief:
-        run.prepare(config)
+        run.prepare(config)  # as given: a run with precision auto resolves it again where it resumes
+    config, precision_reason = resolved(config)
     check_batch_split(train_cfg.batch_size, strategy.num_replicas_in_sync)
     keras.utils.set_random_seed(train_cfg.seed)  # Python, NumPy and TF seeds: model init, dropout
     if train_cfg.deterministic:
@@ -94,13 +96,14 @@ def _train(config: ExperimentConfig, run: RunDir, source, writes: RunDir, strate
         return iter(distribute(strategy, task.train_batches(number)))
 
     evaluate = task.evaluator(model)
-    manifest = start_manifest(writes, config, task, model.count_params(), strategy, bool(restored), start_step)
+    manifest = start_manifest(writes, config, task, model.count_params(), strategy, bool(restored), start_step,
+                              precision_reason)
     if exporter:
         say(f"metrics: {exporter.url}")
     # Records past the restored step belong to steps that are trained again: drop them.
     monitor = Monitor(writes.metrics_file, writes.logs_dir, train_cfg.steps, task.items_per_step, out, exporter,
                       start_step=start_step, unit=task.unit, eval_line=task.eval_line)
-    print_summary(say, config, task, model.count_params(), strategy, run)
+    print_summary(say, config, task, model.count_params(), strategy, run, precision_reason)
     if restored:
         say(f"resuming from checkpoint {restored} (step {start_step}/{train_cfg.steps})")
         monitor.record({"event": "resume", "step": start_step, "checkpoint": restored, "time": time.time()})
@@ -151,7 +154,7 @@ def check_batch_split(batch_size: int, replicas: int) -> None:
 
 
 def start_manifest(run: RunDir, config: ExperimentConfig, task, num_params: int,
-                   strategy: tf.distribute.Strategy, resumed: bool, start_step: int) -> dict:
+                   strategy: tf.distribute.Strategy, resumed: bool, start_step: int, precision_reason: str) -> dict:
     """Write manifest.json for this run segment (a resumed run keeps its earlier segments)."""
     manifest = run.read_manifest() if resumed else {}
     manifest.update({
@@ -162,6 +165,8 @@ def start_manifest(run: RunDir, config: ExperimentConfig, task, num_params: int,
         "vocab_size": task.vocab_size,
         "devices": describe_devices(strategy),
         "replicas": strategy.num_replicas_in_sync,
+        "precision": config.train.precision,
+        "precision_reason": precision_reason,
         "data": task.manifest_data(),
         **environment(),
     })
@@ -172,7 +177,7 @@ def start_manifest(run: RunDir, config: ExperimentConfig, task, num_params: int,
 
 
 def print_summary(say, config: ExperimentConfig, task, num_params: int, strategy: tf.distribute.Strategy,
-                  run: RunDir) -> None:
+                  run: RunDir, precision_reason: str) -> None:
     m, t = config.model, config.train
     vocab = task.vocab_size
     say(f"model: {config.task.type}, {m.num_layers} layers, d_model {m.d_model}, {m.num_heads} heads, dff {m.dff}, "
@@ -180,6 +185,8 @@ def print_summary(say, config: ExperimentConfig, task, num_params: int, strategy
     if vocab != config.tokenizer.vocab_size and not m.init_from and not config.tokenizer.vocab_file:
         say(f"vocabulary: {vocab:,} tokens, not tokenizer.vocab_size={config.tokenizer.vocab_size:,} "
             f"(the corpus has no more pieces seen {config.tokenizer.min_frequency}+ times)")
+    if precision_reason.startswith("auto"):
+        say(f"precision: {t.precision} ({precision_reason})")
     say(f"devices: {'; '.join(describe_devices(strategy))}; tokenized data {'from cache' if task.was_cached else 'cached'} "
         f"in {run.cache_dir}")
     for line in task.summary_lines():

@@ -1,0 +1,68 @@
+"""`train.precision: auto` (the default): bf16 where the hardware runs it fast, float32 elsewhere.
+
+Measured (DESIGN.md, docs/measured.md): bf16 mixed precision is 1.2-2x fp32 on CPUs with
+AVX512-BF16 or AMX and 2-3x *slower* without them; GPUs from compute capability 8.0 (Ampere)
+have bf16 tensor cores, older ones only fp16 ones; TPUs compute in bf16 natively.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+
+BF16_CPU_FEATURES = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of CPUs with bf16 dot products
+BF16_GPU_CAPABILITY = (8, 0)  # Ampere: the first GPUs with bf16 tensor cores
+
+
+def read_cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:  # not Linux
+        return ""
+
+
+def cpu_flags(cpuinfo: str) -> set[str]:
+    """The instruction-set flags of /proc/cpuinfo text (its first `flags` line)."""
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+def choose_precision(gpus: list[tuple[str, tuple[int, int] | None]], tpu: bool, flags: set[str]) -> tuple[str, str]:
+    """(precision, why) for a machine: gpus as (name, compute capability), a TPU, the CPU's flags."""
+    if tpu:
+        return "bf16", "TPU: bf16 is its native matmul type"
+    if gpus:
+        old = [(name, capability) for name, capability in gpus if (capability or (0, 0)) < BF16_GPU_CAPABILITY]
+        if old:
+            name, capability = old[0]
+            version = ".".join(map(str, capability)) if capability else "unknown"
+            return "fp32", (f"{name} (compute capability {version}) has no bf16 tensor cores; "
+                            f"train.precision=fp16 would use its fp16 ones")
+        return "bf16", f"{gpus[0][0]} has bf16 tensor cores"
+    fast = [flag for flag in BF16_CPU_FEATURES if flag in flags]
+    if fast:
+        return "bf16", f"this CPU has {'/'.join(flag.upper().replace('_', '-') for flag in fast)}: bf16 runs 1.2-2x fp32"
+    return "fp32", "this CPU has no AVX512-BF16 or AMX, where bf16 runs 2-3x slower than fp32"
+
+
+@functools.lru_cache(maxsize=None)
+def resolve_precision(setting: str) -> tuple[str, str]:
+    """(fp32 | bf16 | fp16, why) for a `train.precision` setting on this machine."""
+    if setting != "auto":
+        return setting, "train.precision"
+    import tensorflow as tf  # here: doctor imports this module and must run where TensorFlow is broken
+    gpus = [(tf.config.experimental.get_device_details(gpu).get("device_name", "GPU"),
+             tf.config.experimental.get_device_details(gpu).get("compute_capability"))
+            for gpu in tf.config.list_physical_devices("GPU")]
+    tpu = bool(tf.config.list_physical_devices("TPU"))  # physical: the runtime is not started yet
+    precision, why = choose_precision(gpus, tpu, cpu_flags(read_cpuinfo()))
+    return precision, f"auto: {why}"
+
+
+def resolved(config):
+    """(config with train.precision resolved for this machine, why it is what it is)."""
+    precision, why = resolve_precision(config.train.precision)
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, precision=precision)), why
