@@ -50,14 +50,14 @@ if args.text and args.docs_out:
 mode = "text" if args.text else "synthetic"
 res = dict(
     kind="train", peer=f"trainformer {args.precision}" + (f" xla={args.xla}" if args.xla != "auto" else "")
-    + (" packed text" if args.text else ""),
+    + (" packed text" if args.text else "") + os.environ.get("PEER_SUFFIX", ""),
     config=args.config, mode=mode, batch=r["batch_size"], seq=r["seq_len"], steps=r["steps"],
     warmup=args.warmup, warmup_s=r["compile_s"], step_ms_median=r["step_ms"], step_ms_min=r["step_ms_p10"],
     step_ms_p10=r["step_ms_p10"], step_ms_p90=r["step_ms_p90"], tokens_per_s=r["tokens_per_s"],
     effective_tokens_per_s=r["effective_tokens_per_s"], model_gflop_per_step=r["model_gflop_per_step"],
     achieved_gflops=r["achieved_gflops"], peak_rss_mb=r["peak_memory_mb"], own_cores=r["own_cores"],
     other_cores=r["other_cores"], params=r["num_params"], threads="tf defaults",
-    notes=f"trainformer {trainformer.__version__} tf {tf.__version__}; "
+    notes=f"trainformer {trainformer.__version__} ({os.path.dirname(trainformer.__file__)}) tf {tf.__version__}; "
           f"own peak {r['peak_gflops']}, own MFU {r['mfu']}, data-wait {r['data_wait_pct']}%, vocab {r['vocab_size']}",
     data_wait_pct=r["data_wait_pct"], loadavg=r["loadavg"],
 )

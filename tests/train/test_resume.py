@@ -42,15 +42,16 @@ def assert_bitwise_equal(a: dict, b: dict) -> None:
 def test_two_deterministic_runs_are_bitwise_equal(tmp_path, xla):
     """No tokenizer.vocab_file: each run learns its own vocabulary from the corpus (HF's WordPiece
     trainer made those differ from process to process, huggingface/tokenizers#1794)."""
-    args = [*DETERMINISTIC, "--set", f"train.xla={xla}"]
+    args = [*DETERMINISTIC, "--set", f"train.xla={xla}", "--set", "train.steps=20"]  # 20 steps show it
     for name in ("a", "b"):
         trainformer("train", "--run-dir", str(tmp_path / name), *args)
     vocab_a, vocab_b = ((tmp_path / name / "tokenizer" / "vocab.txt").read_bytes() for name in ("a", "b"))
     assert vocab_a == vocab_b
     assert_bitwise_equal(final_state(tmp_path / "a"), final_state(tmp_path / "b"))
-    trainformer("train", "--run-dir", str(tmp_path / "c"), *args, "--set", "train.seed=1")
-    a, c = final_state(tmp_path / "a"), final_state(tmp_path / "c")
-    assert not all(np.array_equal(a[name], c[name]) for name in a)  # the comparison can fail
+    if xla == "off":  # the comparison can fail (once is enough: a third run costs ~17 s)
+        trainformer("train", "--run-dir", str(tmp_path / "c"), *args, "--set", "train.seed=1")
+        a, c = final_state(tmp_path / "a"), final_state(tmp_path / "c")
+        assert not all(np.array_equal(a[name], c[name]) for name in a)
 
 
 @pytest.fixture(scope="module")

@@ -303,20 +303,17 @@ class TransformerEncoderBlock(TransformerBlock):
         Returns:
             (batch, heads, seq_q, seq_k) float32; each row sums to 1 over the keys.
 
-        `call` runs the same `_heads` and `_probabilities`, so a displayed map is exactly what
-        the model attends with (cast to the compute dtype in `call`).
+        `call` runs the same `_heads` and this softmax (in training with dropout), or
+        `ops.dot_product_attention`, equal within float rounding (tested): a displayed map is
+        what the model attends with.
         """
         h = self._attention_norm(x) if self.norm == "pre" else x
         query, key, _ = self._heads(h)
-        return self._probabilities(query, key, padding_mask)
+        return attention_probabilities(query, key, padding_keep(padding_mask))
 
     def _heads(self, x):
         """Fused projection -> query, key, value, each (batch, seq, heads, head_dim)."""
         return split_heads(self._qkv(x), 3, self.num_heads, self.head_dim)
-
-    def _probabilities(self, query, key, padding_mask):
-        """Scaled dot-product softmax over the keys, in float32: (batch, heads, seq, seq)."""
-        return attention_probabilities(query, key, padding_keep(padding_mask))
 
     def _attention(self, x, padding_mask, training):
         query, key, value = self._heads(x)  # each (batch, seq, heads, head_dim)
