@@ -54,9 +54,8 @@ def resolve_precision(setting: str) -> tuple[str, str]:
     if setting != "auto":
         return setting, "train.precision"
     import tensorflow as tf  # here: doctor imports this module and must run where TensorFlow is broken
-    gpus = [(tf.config.experimental.get_device_details(gpu).get("device_name", "GPU"),
-             tf.config.experimental.get_device_details(gpu).get("compute_capability"))
-            for gpu in tf.config.list_physical_devices("GPU")]
+    details = [tf.config.experimental.get_device_details(gpu) for gpu in tf.config.list_physical_devices("GPU")]
+    gpus = [(gpu.get("device_name", "GPU"), gpu.get("compute_capability")) for gpu in details]
     tpu = bool(tf.config.list_physical_devices("TPU"))  # physical: the runtime is not started yet
     precision, why = choose_precision(gpus, tpu, cpu_flags(read_cpuinfo()))
     return precision, f"auto: {why}"

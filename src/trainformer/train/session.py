@@ -67,10 +67,10 @@ def train(config: ExperimentConfig, run: RunDir, source, out=sys.stdout,
 def _train(config: ExperimentConfig, run: RunDir, source, writes: RunDir, strategy: tf.distribute.Strategy,
            say, out, exporter: PrometheusExporter | None) -> dict:
     chief = writes == run
-    train_cfg = config.train
     if chief:
         run.prepare(config)  # as given: a run with precision auto resolves it again where it resumes
     config, precision_reason = resolved(config)
+    train_cfg = config.train
     check_batch_split(train_cfg.batch_size, strategy.num_replicas_in_sync)
     keras.utils.set_random_seed(train_cfg.seed)  # Python, NumPy and TF seeds: model init, dropout
     if train_cfg.deterministic:
