@@ -63,6 +63,7 @@ def test_differences_come_most_decisive_first(run, copy):
 
     def manifest(tree):
         tree["seed"] = 7
+        tree["precision"] = "fp16"  # what took effect (auto resolves per machine): never "fp16" in run
         tree["data"]["fingerprint"] = "0" * 64
         tree["data"]["skipped_lines"] = {"empty": 3}
         tree["packages"]["tensorflow"] = "2.22.0"
@@ -93,7 +94,7 @@ def test_differences_come_most_decisive_first(run, copy):
         "vocabulary sha256",
         "package tensorflow",
         "devices", "runtime.cpu_devices",
-        "train.precision",
+        "train.precision", "precision used",
         "git revision",
         "valid loss", "weights sha256",
     ]
@@ -112,7 +113,7 @@ def test_differences_come_most_decisive_first(run, copy):
     assert f"git revision              {rev_a[:12]}{rev_a[40:]} -> 1234567890ab+dirty" in lines
     assert ("devices                   " + "; ".join(by_what["devices"]["a"])
             + " -> GPU:0 NVIDIA H200; OneDeviceStrategy: 1 replica(s) (gpu:0 here)") in lines
-    assert lines[-1] == "14 differences"
+    assert lines[-1] == "15 differences"
 
     result = trainformer("diff", str(run), str(copy), "--json", check=False)
     assert result.returncode == 1
