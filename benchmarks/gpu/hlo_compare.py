@@ -166,14 +166,15 @@ def kernel_times(step, state, batch, labels, steps):
     return {name: (round(total, 1), round(calls[name], 1)) for name, total in totals.most_common()}
 
 
-def side_by_side(title, tables, peers, limit=None):
+def side_by_side(title, tables, peers):
     keys = sorted(set().union(*(t.keys() for t in tables.values())),
                   key=lambda k: (-max(abs(t.get(k, 0)) for t in tables.values()), k))
     differing = [k for k in keys if len({tables[q].get(k, 0) for q in peers}) > 1]
+    width = max(12, *(len(q) + 2 for q in peers))
     print(f"\n{title} (only rows that differ)")
-    print("  " + "".join(f"{q[-12:]:>12}" for q in peers))
-    for k in differing[:limit]:
-        print("  " + "".join(f"{tables[q].get(k, 0):>12}" for q in peers) + f"  {k}")
+    print("  " + "".join(f"{q:>{width}}" for q in peers))
+    for k in differing:
+        print("  " + "".join(f"{tables[q].get(k, 0):>{width}}" for q in peers) + f"  {k}")
 
 
 def main():
