@@ -75,8 +75,12 @@ def test_eval_json(run):
 def test_second_train_resumes_from_checkpoint(run, tmp_path):
     """`train --run-dir R` alone resumes R with its own config (the run's --set overrides included)."""
     run_dir, _ = run
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    (run_dir / "manifest.json").write_text(json.dumps({**manifest, "precision": "fp16"}))  # as if trained elsewhere
     result = trainformer("train", "--run-dir", str(run_dir), "--set", "train.steps=40")
     assert "resuming from checkpoint" in result.stdout and "(step 30/40)" in result.stdout
+    now = resolve_precision("auto")[0]
+    assert f"precision: this run trained in fp16 until step 30 and goes on in {now} here" in result.stdout
     assert "from cache" in result.stdout  # the corpus was not tokenized again
     steps = [e["step"] for e in read_metrics(run_dir) if e.get("split") == "train"]
     assert steps[-2:] == [35, 40] and steps.count(30) == 1  # continued, not restarted

@@ -89,6 +89,7 @@ def _train(config: ExperimentConfig, run: RunDir, source, writes: RunDir, strate
     shared = checkpoints if chief else Checkpoints(run.checkpoints_dir, 1, **trainer.checkpoint_objects())
     restored = shared.restore_latest(warn=say)
     start_step = int(trainer.step.numpy())
+    trained_in = run.read_manifest().get("precision") if restored else None  # before this segment rewrites it
     if not restored and config.model.init_from:
         say(f"encoder: from {restore_pretrained(model, RunDir(Path(config.model.init_from)).checkpoints_dir)}")
 
@@ -106,6 +107,9 @@ def _train(config: ExperimentConfig, run: RunDir, source, writes: RunDir, strate
     print_summary(say, config, task, model.count_params(), strategy, run, precision_reason)
     if restored:
         say(f"resuming from checkpoint {restored} (step {start_step}/{train_cfg.steps})")
+        if trained_in and trained_in != train_cfg.precision:  # precision auto resumed on other hardware
+            say(f"precision: this run trained in {trained_in} until step {start_step} and goes on in "
+                f"{train_cfg.precision} here; its weights are float32 either way")
         monitor.record({"event": "resume", "step": start_step, "checkpoint": restored, "time": time.time()})
     if start_step >= train_cfg.steps:
         say(f"nothing left to train: step {start_step} >= train.steps {train_cfg.steps} "
