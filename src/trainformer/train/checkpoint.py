@@ -112,7 +112,9 @@ def restore_pretrained(model: keras.Model, folder: Path) -> str:
         parts["pooler"] = pooler  # an imported BERT's pooler: the classifier head's first layer
     source = tf.train.Checkpoint(**parts)
     try:
-        source.restore(path).assert_existing_objects_matched()
+        # the optimizer and the MLM head are left behind on purpose: expect_partial keeps TF from
+        # listing each of them as "unrestored" when the checkpoint object is deleted
+        source.restore(path).assert_existing_objects_matched().expect_partial()
     except (AssertionError, ValueError, tf.errors.OpError) as err:
         reason = (str(err).strip().splitlines() or [""])[0][:200]
         raise UserError(f"model.init_from: {path}: its encoder does not fit this model ({reason})") from None
