@@ -125,7 +125,8 @@ def test_recorded_h200_is_healthy():
     assert "  memory growth      off in TensorFlow; train applies runtime.memory_growth (default true)" in report
     assert "  driver             570.124.06 (CUDA 12.8)" in report
     assert "  GPU 0              NVIDIA H200, 140.4 GiB, compute 9.0" in report
-    assert "  bf16               fast here (AVX512-BF16/AMX): precision auto trains in bf16" in report
+    assert "  bf16               fast here (AVX512-BF16/AMX)" in report
+    assert "  precision auto     bf16: NVIDIA H200 has bf16 tensor cores" in report  # the GPU decides
     assert report[-1] == "healthy"
 
 
@@ -155,7 +156,9 @@ def test_driver_older_than_the_cuda_tensorflow_was_built_for():
     ]
     report = format_report(facts).splitlines()
     assert "  constraints.txt    not found (installed from a wheel): version check skipped" in report
-    assert "  bf16               slow here (no AVX512-BF16/AMX): precision auto trains in fp32" in report
+    assert "  bf16               slow here (no AVX512-BF16/AMX): use fp32 on CPU" in report
+    assert ("  precision auto     fp32: this CPU has no AVX512-BF16 or AMX, where bf16 runs 2-3x slower than fp32"
+            in report)  # TensorFlow sees no GPU here: the CPU decides
     assert report[-1] == "2 problem(s)"
 
 

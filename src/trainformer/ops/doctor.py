@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainformer.train.precision import BF16_CPU_FEATURES, read_cpuinfo
+from trainformer.train.precision import BF16_CPU_FEATURES, choose_precision, read_cpuinfo
 from trainformer.train.run_dir import package_versions
 
 PACKAGES = ("trainformer", "tensorflow", "keras", "tensorflow-text")  # the stack a report names
@@ -299,6 +299,7 @@ def format_report(facts: dict) -> str:
                 ("tensorflow", tensorflow_rows(facts["tensorflow"], facts["xla"], facts["environment"])),
                 ("nvidia", nvidia_rows(facts["nvml"])),
                 ("cpu", cpu_rows(facts["cpu"])),
+                ("train", [("precision auto", "{}: {}".format(*auto_precision(facts)))]),
                 ("self-test", matmul_rows(facts["matmul"])),
                 ("disk", [(facts["disk"]["path"], f"{facts['disk']['free_bytes'] / 2**30:.1f} GiB free")])]
     lines = []
@@ -351,8 +352,16 @@ def cpu_rows(cpu: dict) -> list[tuple[str, str]]:
     fast_bf16 = any(cpu["features"][name] for name in BF16_CPU_FEATURES)
     return [("model", f"{cpu['model'] or 'unknown'}, {cpu['cores']} cores"),
             ("features", " ".join(present) or "none of " + " ".join(CPU_FEATURES)),
-            ("bf16", "fast here (AVX512-BF16/AMX): precision auto trains in bf16" if fast_bf16
-             else "slow here (no AVX512-BF16/AMX): precision auto trains in fp32")]
+            ("bf16", "fast here (AVX512-BF16/AMX)" if fast_bf16 else "slow here (no AVX512-BF16/AMX): use fp32 on CPU")]
+
+
+def auto_precision(facts: dict) -> tuple[str, str]:
+    """What `train.precision: auto` chooses on the machine the facts describe, and why: the GPUs
+    TensorFlow sees decide before the CPU does."""
+    gpus = [(gpu["name"], version_tuple(gpu["compute_capability"]) if gpu["compute_capability"] else None)
+            for gpu in facts["tensorflow"]["gpus"]]
+    flags = {name for name, on in facts["cpu"]["features"].items() if on}
+    return choose_precision(gpus, False, flags)
 
 
 def matmul_rows(matmul: list[dict]) -> list[tuple[str, str]]:
