@@ -17,7 +17,6 @@ from trainformer.errors import TrainingError
 from trainformer.train.checkpoint import Checkpoints, dropout_seed_states
 from trainformer.train.monitor import Monitor
 from trainformer.train.optim import DynamicLossScale, dense_gradients
-from trainformer.train.precision import resolve_precision
 from trainformer.train.preemption import StopRequest
 from trainformer.train.strategy import count_votes, is_multi_worker
 
@@ -79,7 +78,7 @@ class Trainer:
             # Batches skipped by rollbacks: step n trains on batches from n * accumulate + data_offset.
             self.data_offset = tf.Variable(0, dtype=tf.int64, trainable=False, name="data_offset")
             optimizer.build(model.trainable_variables)  # create slots now, so a restore fills them
-            self.loss_scale = DynamicLossScale() if resolve_precision(config.precision)[0] == "fp16" else None
+            self.loss_scale = DynamicLossScale() if config.precision == "fp16" else None  # auto never picks fp16
         # XLA compiles the model's forward and backward pass; batches are fetched outside
         # (iterators cannot be compiled) and the all-reduce stays outside too.
         jit = use_xla(config.xla)
