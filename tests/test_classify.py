@@ -14,6 +14,7 @@ from cli_helpers import ENV, TINY, read_metrics, stop_after_first_step, trainfor
 from trainformer.config import load_config
 from trainformer.model.heads import build_classifier, build_masked_lm
 from trainformer.train.checkpoint import Checkpoints, restore_pretrained
+from trainformer.train.run_dir import RunDir
 
 INTENTS = ["--set", "task.type=classify", "--set", "data.corpus=chatterbot-zh-intents",
            "--set", "data.valid_fraction=0.1", "--set", "data.test_fraction=0.1"]
@@ -98,6 +99,22 @@ def test_an_encoder_of_another_shape_is_refused_before_anything_is_written(pretr
                          "--set", f"model.init_from={pretrained}", check=False)
     assert result.returncode == 2 and not (tmp_path / "run").exists()
     assert f"model.d_model: 64 here but 32 in model.init_from={pretrained}" in result.stderr
+
+
+def test_pretraining_on_the_task_texts_is_refused_as_a_start_for_another_split(tmp_path):
+    """Masked-LM on a labelled set reads its train split's texts; a classify run starting from it
+    must split the set alike, or it would score texts the encoder was trained on."""
+    pretrained = tmp_path / "task-texts"
+    fractions = INTENTS[2:]  # the corpus and its fractions, task mlm
+    stdout = trainformer("train", "--run-dir", str(pretrained), *TINY, *fractions, "--set", "train.steps=10").stdout
+    assert "chatterbot-zh-intents (" in stdout and "the texts of its train split: 695 train + 90 valid" in stdout
+    config = load_config(None, [arg for arg in [*TINY, *INTENTS] if arg != "--set"]
+                         + [f"model.init_from={pretrained}"])
+    RunDir(tmp_path / "alike").check_init_from(config)  # the same split: accepted
+    result = trainformer("train", "--run-dir", str(tmp_path / "other"), *TINY, *INTENTS, "--set",
+                         "data.test_fraction=0.2", "--set", f"model.init_from={pretrained}", check=False)
+    assert result.returncode == 2 and not (tmp_path / "other").exists()
+    assert result.stderr.strip().endswith("(set data.valid_fraction=0.1 data.test_fraction=0.1)")
 
 
 def test_restore_pretrained_loads_the_encoder_and_leaves_the_head(tmp_path):

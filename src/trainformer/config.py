@@ -52,7 +52,7 @@ class DataConfig:
     seq_len: int = 64  # tokens per window (mlm), per text (classify), per source (seq2seq)
     target_len: int = 0  # seq2seq: tokens per target, its end token included; 0: seq_len
     valid_fraction: float = 0.05
-    test_fraction: float = 0.0  # classify: share held out for the final test score (never used in training)
+    test_fraction: float = 0.0  # a labelled set's share held out for the final test score (never trained on)
     mask_rate: float = 0.15
 
 

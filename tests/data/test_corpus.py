@@ -9,6 +9,7 @@ import re
 import pytest
 
 from trainformer.data.corpus import load_corpus, split
+from trainformer.data.labelled import load_labelled
 from trainformer.data.recipes import RECIPES, package_file
 from trainformer.errors import UserError
 
@@ -132,8 +133,8 @@ def test_missing_file_names_the_path(tmp_path):
 
 
 def test_unsupported_suffix(tmp_path):
-    path = tmp_path / "news.csv"
-    path.write_text("一,二\n", encoding="utf-8")
+    path = tmp_path / "news.xml"
+    path.write_text("<p>一</p>\n", encoding="utf-8")
     with pytest.raises(UserError, match="unsupported") as info:
         load_corpus(str(path), 0.05)
     assert str(path) in str(info.value)
@@ -152,3 +153,21 @@ def test_too_few_documents_to_split(tmp_path):
     with pytest.raises(UserError, match="too few") as info:
         load_corpus(str(path), 0.05)
     assert "at least ~60 documents" in str(info.value)  # what would be enough
+
+
+@pytest.mark.parametrize("source", ["chatterbot-zh-intents", "intents.tsv"])
+def test_a_labelled_set_gives_the_texts_of_its_train_split(source, tmp_path):
+    """For pretraining on a task's own texts: exactly the train and valid texts of the classify
+    split with the same fractions, so no test text is ever trained on."""
+    if source.endswith(".tsv"):
+        labelled = load_labelled("chatterbot-zh-intents", 0.1, 0.1)
+        rows = [f"{labelled.labels[label]}\t{text}"
+                for split in (labelled.train, labelled.valid, labelled.test) for text, label in split]
+        source = tmp_path / source
+        source.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    corpus = load_corpus(str(source), 0.1, 0.1)
+    labelled = load_labelled(str(source), 0.1, 0.1)
+    assert corpus.train == labelled.train.texts and corpus.valid == labelled.valid.texts
+    assert not set(labelled.test.texts) & (set(corpus.train) | set(corpus.valid))
+    assert len(labelled.test) > 0 and corpus.fingerprint == labelled.fingerprint
+    assert "the texts of its train split" in corpus.source

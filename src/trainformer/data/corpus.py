@@ -4,6 +4,11 @@ Cleaning never fails a run: empty, whitespace-only and undecodable lines are ski
 counted (the counts go to the log and the manifest). Structurally broken input (a JSONL line
 that is not JSON) is a user error naming file and line, because silently dropping it would
 hide a bug in the user's export.
+
+A labelled set (a labelled recipe, a .tsv/.csv file) is a corpus too: the texts of the train
+split a classify run with the same fractions makes (labels unused), to continue pretraining on
+the task's own domain before fine-tuning, without ever reading a text that run validates or
+tests on.
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from trainformer.data.labelled import load_labelled
 from trainformer.data.recipes import RECIPES, read_recipe, split_recipe_name
 from trainformer.errors import UserError
 
 SUFFIXES = (".txt", ".jsonl")
+LABELLED_SUFFIXES = (".tsv", ".csv")
 
 
 @dataclass
@@ -46,8 +53,11 @@ class Corpus:
         )
 
 
-def load_corpus(name_or_path: str, valid_fraction: float) -> Corpus:
-    """Read, clean and split a corpus given as a recipe name or a .txt/.jsonl path."""
+def load_corpus(name_or_path: str, valid_fraction: float, test_fraction: float = 0.0) -> Corpus:
+    """Read, clean and split a corpus given as a recipe name or a .txt/.jsonl path; a labelled
+    set gives the texts of its train and valid splits (test_fraction: see labelled_texts)."""
+    if is_labelled(name_or_path):
+        return labelled_texts(name_or_path, valid_fraction, test_fraction)
     recipe, _ = split_recipe_name(name_or_path)  # "NAME:DIR" too: a parallel recipe is refused by name
     if recipe:
         raw, source = read_recipe(recipe)
@@ -57,7 +67,8 @@ def load_corpus(name_or_path: str, valid_fraction: float) -> Corpus:
             names = ", ".join(RECIPES)
             raise UserError(f"data.corpus: {name_or_path}: no such file and not a recipe ({names})")
         if path.suffix not in SUFFIXES:
-            raise UserError(f"data.corpus: {path}: unsupported file type (use {' or '.join(SUFFIXES)})")
+            raise UserError(f"data.corpus: {path}: unsupported file type (use {' or '.join(SUFFIXES)}, or a labelled "
+                            f"{' or '.join(LABELLED_SUFFIXES)} for the texts of its train split)")
         raw, source = read_file(path), str(path)
     skipped: Counter = Counter()
     documents = list(clean(raw, skipped))
@@ -80,6 +91,21 @@ def load_corpus(name_or_path: str, valid_fraction: float) -> Corpus:
             f"~{enough} documents (lines), or raise data.valid_fraction"
         )
     return Corpus(source, train, valid, skipped, fingerprint(documents))
+
+
+def is_labelled(name_or_path: str) -> bool:
+    """A labelled recipe or a .tsv/.csv file: (label, text) rows, split as classify splits them."""
+    recipe = RECIPES.get(name_or_path)
+    return recipe.labelled if recipe else Path(name_or_path).suffix in LABELLED_SUFFIXES
+
+
+def labelled_texts(name_or_path: str, valid_fraction: float, test_fraction: float) -> Corpus:
+    """The train split's texts to train on and the valid split's to validate on, split exactly
+    as a classify run with these fractions splits them: pretraining on them and fine-tuning with
+    the same fractions never shows the model a text before it is scored on it."""
+    labelled = load_labelled(name_or_path, valid_fraction, test_fraction)
+    return Corpus(f"{labelled.source}, the texts of its train split", labelled.train.texts, labelled.valid.texts,
+                  labelled.skipped, labelled.fingerprint)
 
 
 def read_file(path: Path) -> Iterator[str | None]:

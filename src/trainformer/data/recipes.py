@@ -362,7 +362,7 @@ UNLABELLED = [name for name, recipe in RECIPES.items() if recipe.kind == "text"]
 LABELLED = [name for name, recipe in RECIPES.items() if recipe.kind == "labelled"]
 PARALLEL = [name for name, recipe in RECIPES.items() if recipe.kind == "parallel"]
 USE = {  # what to offer instead, per kind a task needs
-    "text": f"use {' or '.join(UNLABELLED)} or a .txt/.jsonl file",
+    "text": f"use {' or '.join(UNLABELLED)}, a .txt/.jsonl file, or a labelled set (the texts of its train split)",
     "labelled": f"use {' or '.join(LABELLED)} or a .jsonl/.tsv/.csv file of (label, text)",
     "parallel": f"use {' or '.join(PARALLEL)} or a .jsonl/.tsv file of (source, target)",
 }

@@ -56,7 +56,7 @@ def load_source(config: ExperimentConfig):
         return load_labelled(d.corpus, d.valid_fraction, d.test_fraction)
     from trainformer.data.corpus import load_corpus
 
-    return load_corpus(d.corpus, d.valid_fraction)
+    return load_corpus(d.corpus, d.valid_fraction, d.test_fraction)
 
 
 def task_for(config: ExperimentConfig):

@@ -30,7 +30,7 @@ RESUMABLE_CHANGES = {
 # The encoder's shape: a run started from another (model.init_from) must match it on these.
 ENCODER_KEYS = ("d_model", "num_layers", "num_heads", "dff", "norm", "position", "activation")
 # What decides the vocabulary: a run that changes them before its first checkpoint trains a new one.
-VOCABULARY_KEYS = ("data.corpus", "data.valid_fraction", "tokenizer.", "model.init_from")
+VOCABULARY_KEYS = ("data.corpus", "data.valid_fraction", "data.test_fraction", "tokenizer.", "model.init_from")
 PACKAGES = ("trainformer", "tensorflow", "tensorflow-text", "keras", "tokenizers", "numpy", "tensorboard", "snownlp")
 
 
@@ -112,6 +112,7 @@ class RunDir:
         if config.model.position == "learned" and length(config) != length(pretrained):
             raise UserError(f"model.max_length: {length(config)} positions here but {length(pretrained)} in "
                             f"model.init_from={source.root}; set model.max_length={length(pretrained)}")
+        check_same_split(config, pretrained, source.root)
 
     def differences(self, config: ExperimentConfig) -> dict[str, tuple]:
         previous = yaml.safe_load(self.config_file.read_text(encoding="utf-8"))
@@ -183,6 +184,20 @@ def resolve_train_config(source: str | None, overrides: list[str],
             return load_config(str(existing.config_file), overrides), existing
     config = load_config(source, overrides)
     return config, RunDir(run_dir or Path("runs") / config.name)
+
+
+def check_same_split(config: ExperimentConfig, pretrained: ExperimentConfig, source: Path) -> None:
+    """A run that starts from one trained on the same corpus (e.g. masked-LM on a labelled set's
+    texts, then classify on its labels) must split it alike: with other fractions, texts this run
+    validates and tests on may be ones the encoder was trained on, and its scores would flatter it."""
+    theirs = (pretrained.data.valid_fraction, pretrained.data.test_fraction)
+    ours = (config.data.valid_fraction, config.data.test_fraction)
+    if pretrained.data.corpus != config.data.corpus or ours == theirs:
+        return
+    raise UserError(f"data.valid_fraction/test_fraction: {ours[0]}/{ours[1]} here but {theirs[0]}/{theirs[1]} in "
+                    f"model.init_from={source}, which trained on {config.data.corpus} too: split alike, or this "
+                    f"run would score texts its encoder was trained on (set data.valid_fraction={theirs[0]} "
+                    f"data.test_fraction={theirs[1]})")
 
 
 def _differences(old: dict, new: dict, prefix: str = "") -> dict[str, tuple]:
