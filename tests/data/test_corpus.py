@@ -155,16 +155,18 @@ def test_too_few_documents_to_split(tmp_path):
     assert "at least ~60 documents" in str(info.value)  # what would be enough
 
 
-@pytest.mark.parametrize("source", ["chatterbot-zh-intents", "intents.tsv"])
+@pytest.mark.parametrize("source", ["chatterbot-zh-intents", "intents.tsv", "intents.jsonl"])
 def test_a_labelled_set_gives_the_texts_of_its_train_split(source, tmp_path):
     """For pretraining on a task's own texts: exactly the train and valid texts of the classify
     split with the same fractions, so no test text is ever trained on."""
-    if source.endswith(".tsv"):
+    if "." in source:
         labelled = load_labelled("chatterbot-zh-intents", 0.1, 0.1)
-        rows = [f"{labelled.labels[label]}\t{text}"
-                for split in (labelled.train, labelled.valid, labelled.test) for text, label in split]
+        examples = [(labelled.labels[label], text)
+                    for split in (labelled.train, labelled.valid, labelled.test) for text, label in split]
+        rows = [f"{label}\t{text}" if source.endswith(".tsv") else json.dumps({"text": text, "label": label})
+                for label, text in examples]
         source = tmp_path / source
-        source.write_text("\n".join(rows) + "\n", encoding="utf-8")
+        source.write_text("\n" + "\n".join(rows) + "\n", encoding="utf-8")  # the blank first line is skipped
     corpus = load_corpus(str(source), 0.1, 0.1)
     labelled = load_labelled(str(source), 0.1, 0.1)
     assert corpus.train == labelled.train.texts and corpus.valid == labelled.valid.texts

@@ -5,10 +5,10 @@ counted (the counts go to the log and the manifest). Structurally broken input (
 that is not JSON) is a user error naming file and line, because silently dropping it would
 hide a bug in the user's export.
 
-A labelled set (a labelled recipe, a .tsv/.csv file) is a corpus too: the texts of the train
-split a classify run with the same fractions makes (labels unused), to continue pretraining on
-the task's own domain before fine-tuning, without ever reading a text that run validates or
-tests on.
+A labelled set (a labelled recipe, a .tsv/.csv file, a .jsonl file of {"text", "label"}) is a
+corpus too: the texts of the train split a classify run with the same fractions makes (labels
+unused), to continue pretraining on the task's own domain before fine-tuning, without ever
+reading a text that run validates or tests on.
 """
 
 from __future__ import annotations
@@ -94,9 +94,25 @@ def load_corpus(name_or_path: str, valid_fraction: float, test_fraction: float =
 
 
 def is_labelled(name_or_path: str) -> bool:
-    """A labelled recipe or a .tsv/.csv file: (label, text) rows, split as classify splits them."""
-    recipe = RECIPES.get(name_or_path)
-    return recipe.labelled if recipe else Path(name_or_path).suffix in LABELLED_SUFFIXES
+    """A labelled recipe, a .tsv/.csv file, or a .jsonl file whose first record has a "label":
+    (label, text) examples, split as classify splits them."""
+    recipe, _ = split_recipe_name(name_or_path)
+    if recipe:
+        return RECIPES[recipe].labelled
+    path = Path(name_or_path).expanduser()
+    return path.suffix in LABELLED_SUFFIXES or (path.suffix == ".jsonl" and "label" in first_record(path))
+
+
+def first_record(path: Path) -> dict:
+    """The first non-empty line of a .jsonl file as an object ({} if there is none or it is
+    not one: reading the file properly then says what is wrong, and where)."""
+    try:
+        with path.open(encoding="utf-8-sig") as lines:
+            line = next((line for line in lines if line.strip()), "{}")
+        record = json.loads(line)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def labelled_texts(name_or_path: str, valid_fraction: float, test_fraction: float) -> Corpus:
