@@ -1,5 +1,6 @@
-"""Classification end to end through the real command line: a tiny masked-LM run, then a
-classifier fine-tuned from it on the real chatterbot intent set; eval, predict, resume."""
+"""Classification end to end through the real command line: a tiny masked-LM run on the texts of
+the real chatterbot intent set's train split, then a classifier fine-tuned from it on that set;
+eval, predict, resume, and the checks that guard a start from another run."""
 
 import json
 import subprocess
@@ -16,14 +17,17 @@ from trainformer.model.heads import build_classifier, build_masked_lm
 from trainformer.train.checkpoint import Checkpoints, restore_pretrained
 from trainformer.train.run_dir import RunDir
 
-INTENTS = ["--set", "task.type=classify", "--set", "data.corpus=chatterbot-zh-intents",
-           "--set", "data.valid_fraction=0.1", "--set", "data.test_fraction=0.1"]
+SPLIT = ["--set", "data.corpus=chatterbot-zh-intents", "--set", "data.valid_fraction=0.1",
+         "--set", "data.test_fraction=0.1"]
+INTENTS = ["--set", "task.type=classify", *SPLIT]
 
 
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
+    """Masked-LM on the intent set's texts (a labelled set: its train split's texts)."""
     run_dir = tmp_path_factory.mktemp("pre") / "run"
-    trainformer("train", "--run-dir", str(run_dir), *TINY, "--set", "train.steps=10")
+    stdout = trainformer("train", "--run-dir", str(run_dir), *TINY, *SPLIT, "--set", "train.steps=10").stdout
+    assert "chatterbot-zh-intents (" in stdout and "the texts of its train split: 695 train + 90 valid" in stdout
     return run_dir
 
 
@@ -101,15 +105,11 @@ def test_an_encoder_of_another_shape_is_refused_before_anything_is_written(pretr
     assert f"model.d_model: 64 here but 32 in model.init_from={pretrained}" in result.stderr
 
 
-def test_pretraining_on_the_task_texts_is_refused_as_a_start_for_another_split(tmp_path):
-    """Masked-LM on a labelled set reads its train split's texts; a classify run starting from it
-    must split the set alike, or it would score texts the encoder was trained on."""
-    pretrained = tmp_path / "task-texts"
-    fractions = INTENTS[2:]  # the corpus and its fractions, task mlm
-    stdout = trainformer("train", "--run-dir", str(pretrained), *TINY, *fractions, "--set", "train.steps=10").stdout
-    assert "chatterbot-zh-intents (" in stdout and "the texts of its train split: 695 train + 90 valid" in stdout
-    config = load_config(None, [arg for arg in [*TINY, *INTENTS] if arg != "--set"]
-                         + [f"model.init_from={pretrained}"])
+def test_a_start_from_a_run_that_split_the_same_set_otherwise_is_refused(pretrained, tmp_path):
+    """The pretraining run read the intent set's train texts: a classify run splitting that set
+    alike may start from it, one splitting it otherwise would score texts the encoder saw."""
+    config = load_config(None, [*[arg for arg in [*TINY, *INTENTS] if arg != "--set"],
+                                f"model.init_from={pretrained}"])
     RunDir(tmp_path / "alike").check_init_from(config)  # the same split: accepted
     result = trainformer("train", "--run-dir", str(tmp_path / "other"), *TINY, *INTENTS, "--set",
                          "data.test_fraction=0.2", "--set", f"model.init_from={pretrained}", check=False)
