@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainformer.train.precision import BF16_CPU_FEATURES, choose_precision, read_cpuinfo
+from trainformer.train.precision import BF16_CPU_FEATURES, choose_precision, cpu_flags, read_cpuinfo
 from trainformer.train.run_dir import package_versions
 
 PACKAGES = ("trainformer", "tensorflow", "keras", "tensorflow-text")  # the stack a report names
@@ -100,8 +100,7 @@ def probe_environment(environ) -> dict:
 def probe_cpu(cpuinfo: str) -> dict:
     """Model, cores and the instruction-set features that decide CPU speed, from /proc/cpuinfo text."""
     model = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.MULTILINE)
-    flags = re.search(r"^flags\s*:\s*(.+)$", cpuinfo, re.MULTILINE)
-    present = set(flags.group(1).split()) if flags else set()
+    present = cpu_flags(cpuinfo)
     return {"model": model.group(1).strip() if model else platform.processor() or None,
             "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
             "features": {name: name in present for name in CPU_FEATURES}}
