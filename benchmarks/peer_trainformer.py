@@ -30,7 +30,7 @@ import tensorflow as tf
 
 import trainformer
 from trainformer.config import load_config
-from trainformer.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID
+from trainformer.tokens import CLS_ID, MASK_ID, PAD_ID, SEP_ID
 from trainformer.ops.bench import bench, bench_run_dir
 from trainformer.tasks import load_source
 from trainformer.tasks.mlm import MaskedLMTask

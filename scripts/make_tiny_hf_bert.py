@@ -1,7 +1,7 @@
 """Make tests/fixtures/tiny-hf-bert: a tiny random Hugging Face BERT and its reference outputs.
 
 The fixture stands in for bert-base-chinese in tests/test_hf_import.py, which checks that
-`trainformer.hf_import` reproduces what `transformers` computes. It is a BertForPreTraining
+`trainformer.interop.hf_import` reproduces what `transformers` computes. It is a BertForPreTraining
 (what bert-base-chinese is: encoder + pooler + MLM head + NSP head) with a tiny config
 (hidden 32, 2 layers, 2 heads, intermediate 64, 64 positions, 2 token types, exact "gelu"),
 every parameter random and seeded, biases and LayerNorm parameters included (all-zero biases or

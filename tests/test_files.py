@@ -17,7 +17,7 @@ from trainformer.config import load_config
 from trainformer.data.pipeline import cached_token_stream, tokenize_documents
 from trainformer.files import write_atomic
 from trainformer.train.checkpoint import Checkpoints
-from trainformer.train.run_dir import RunDir
+from trainformer.run_dir import RunDir
 
 OLD = "old and complete\n" * 1000
 NEW = "new\n" * 5000

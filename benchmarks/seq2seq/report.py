@@ -23,11 +23,11 @@ import numpy as np
 import tensorflow as tf
 
 from trainformer.data.parallel import load_parallel
-from trainformer.data.tokenizer import PAD_ID
+from trainformer.tokens import PAD_ID
 from trainformer.model import search
 from trainformer.tasks.text_scores import text_scores
-from trainformer.train.inference import load_run
-from trainformer.train.run_dir import RunDir
+from trainformer.run.inference import load_run
+from trainformer.run_dir import RunDir
 
 
 def bleu_curve(run_dir: Path) -> list[dict]:

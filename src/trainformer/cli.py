@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     from trainformer.config import load_config
-    from trainformer.train.run_dir import resolve_train_config
+    from trainformer.run_dir import resolve_train_config
 
     if args.verb == "launch":
         from trainformer.launch import launch
@@ -197,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.verb == "train":
         config, run = resolve_train_config(args.config, args.overrides, args.run_dir)  # before TensorFlow loads
-        from trainformer.train.start import start_training
+        from trainformer.run.start import start_training
 
         start_training(config, run, metrics_port=args.metrics_port)
         return 0
@@ -212,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     if args.verb == "predict":
-        from trainformer.train.inference import predictor
+        from trainformer.run.inference import predictor
 
         answer = predictor(args.run_dir, which=args.checkpoint, nbest=args.nbest)
         for chunk in text_chunks(args.texts or (line.rstrip("\n") for line in sys.stdin)):
@@ -233,12 +233,12 @@ def run(args: argparse.Namespace) -> int:
         return 1 if problems else 0
 
     if args.verb == "import":
-        from trainformer.hf_import import import_hf_bert
+        from trainformer.interop.hf_import import import_hf_bert
 
         import_hf_bert(args.hf_dir, args.run_dir)
         return 0
 
-    from trainformer.train.inference import evaluate
+    from trainformer.run.inference import evaluate
 
     result = evaluate(args.run_dir, split=args.split, which=args.checkpoint)
     if args.json:

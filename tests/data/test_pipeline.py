@@ -10,7 +10,8 @@ from trainformer.data.pipeline import (
     NUM_SPECIAL, cached_token_stream, eval_batches, mask_batch, max_predictions, pack, tokenize_documents,
     train_dataset,
 )
-from trainformer.data.tokenizer import CLS_ID, MASK_ID, PAD_ID, SEP_ID, Tokenizer
+from trainformer.data.tokenizer import Tokenizer
+from trainformer.tokens import CLS_ID, MASK_ID, PAD_ID, SEP_ID
 
 SEQ_LEN = 128
 RATE = 0.15

@@ -16,7 +16,7 @@ from trainformer.data.seq2seq_pipeline import (
     ROW_MULTIPLE, BatchPlan, cached_encode_pairs, decoder_io, epoch_batches, eval_batches, load_cached_pairs,
     padded_widths, pairs_cache_file, train_dataset,
 )
-from trainformer.data.tokenizer import CLS_ID, PAD_ID, SEP_ID
+from trainformer.tokens import CLS_ID, PAD_ID, SEP_ID
 
 SOURCE_LEN, TARGET_LEN = 96, 40  # 40: not a multiple of 16, so the cap shows
 BATCH_TOKENS = 1024  # 8 rows of the longest pairs (96 + 40) exceed it: the at-least-8-rows rule shows too

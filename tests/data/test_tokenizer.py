@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainformer.data.tokenizer import (
-    CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, UNK_ID, Tokenizer, copy_vocab,
-)
+from trainformer.data.tokenizer import Tokenizer, copy_vocab
+
+from trainformer.tokens import CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, UNK_ID
 from trainformer.data.wordpiece import hf_wordpiece
 from trainformer.errors import UserError
 

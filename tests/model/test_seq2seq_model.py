@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from trainformer.config import ModelConfig
-from trainformer.data.tokenizer import CLS_ID, PAD_ID, SEP_ID
+from trainformer.tokens import CLS_ID, PAD_ID, SEP_ID
 from trainformer.model import search
 from trainformer.model.seq2seq import Seq2Seq, build_seq2seq
 

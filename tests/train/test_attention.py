@@ -11,20 +11,11 @@ from PIL import Image, ImageFont
 
 from trainformer.config import ConfigError, ModelConfig, load_config
 from trainformer.data.pipeline import pack, tokenize_documents
-from trainformer.data.tokenizer import CLS_ID, PAD_ID, SEP_ID
+from trainformer.tokens import CLS_ID, PAD_ID, SEP_ID
 from trainformer.model.heads import build_masked_lm
 from trainformer.model.layers import TransformerEncoderBlock
-from trainformer.train.attention import (
-    VIRIDIS,
-    AttentionSnapshot,
-    choose_labels,
-    colorize,
-    find_cjk_font,
-    has_glyphs,
-    plain_font,
-    render_heatmaps,
-    sentence_from_windows,
-)
+from trainformer.run.attention import AttentionSnapshot, sentence_from_windows
+from trainformer.images import VIRIDIS, choose_labels, colorize, find_cjk_font, has_glyphs, plain_font, render_heatmaps
 from trainformer.train.monitor import Monitor
 
 SEQ_LEN = 64

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from trainformer.config import ModelConfig, TrainConfig
 from trainformer.data.pipeline import eval_batches, pack, tokenize_documents, train_dataset
-from trainformer.data.tokenizer import PAD_ID
+from trainformer.tokens import PAD_ID
 from trainformer.model.heads import build_classifier, build_masked_lm
 from trainformer.tasks.classify import classify_sums
 from trainformer.tasks.mlm import masked_lm_sums

@@ -30,7 +30,8 @@ import numpy as np
 import tensorflow as tf
 
 from trainformer.data.classify_pipeline import PAD_MULTIPLE, encode, permutation, save_arrays
-from trainformer.data.tokenizer import CLS_ID, PAD_ID, SEP_ID, Tokenizer
+from trainformer.data.tokenizer import Tokenizer
+from trainformer.tokens import CLS_ID, PAD_ID, SEP_ID
 
 ROW_MULTIPLE = 8  # rows per batch are a multiple of this: every replica count up to 8 (powers of 2) splits them
 CHUNK_PAIRS = 4096  # pairs per chunk sorted by size: similar sizes, still a fresh mix per epoch

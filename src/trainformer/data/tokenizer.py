@@ -21,9 +21,8 @@ import tensorflow_text as tf_text
 from trainformer.data.wordpiece import train_wordpiece
 from trainformer.errors import UserError
 from trainformer.files import write_atomic
+from trainformer.tokens import CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, UNK_ID  # noqa: F401 (re-read by data/)
 
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))
 VOCAB_FILE = "vocab.txt"
 # What is written without spaces around it (RE2): anything but a letter or digit, and the
 # letters of scripts written without spaces (Chinese, Japanese kana).

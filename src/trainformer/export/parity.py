@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from trainformer.data.tokenizer import SEP_ID
+from trainformer.tokens import SEP_ID
 
 MAX_EXAMPLES = 256  # held-out rows per check: enough to see a disagreement, seconds on a CPU
 FLOAT32_TOLERANCE = 1e-4  # max |logit difference| of an unquantized artifact

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from trainformer.data.tokenizer import CLS_ID, SEP_ID
+from trainformer.tokens import CLS_ID, SEP_ID
 
 NEG_INF = -1e9  # a score no hypothesis reaches: log-probabilities of max_length tokens stay far above it
 

@@ -32,8 +32,8 @@ from trainformer.tasks import load_source, task_for
 from trainformer.tasks.mlm import MaskedLMTask
 from trainformer.train.loop import Trainer
 from trainformer.train.precision import resolved
-from trainformer.train.run_dir import RunDir
-from trainformer.train.session import build_trainer
+from trainformer.run_dir import RunDir
+from trainformer.run.session import build_trainer
 from trainformer.train.strategy import configure_devices, describe_devices, make_strategy
 
 SYNTHETIC_BATCHES = 8  # distinct batches replayed: enough that no step sees the same masks twice in a row

@@ -18,7 +18,7 @@ import yaml
 
 from trainformer.errors import UserError
 from trainformer.files import read_json
-from trainformer.train.run_dir import RunDir
+from trainformer.run_dir import RunDir
 
 # Config keys shown in their own aspect, further down, rather than among the config keys.
 SEED_KEY = "train.seed"

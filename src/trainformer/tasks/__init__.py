@@ -1,7 +1,7 @@
 """Tasks: what differs between masked-LM pretraining and classification.
 
-The Trainer, checkpoints, strategies, monitor and run directory are written once (train/); a
-task owns the rest (DESIGN.md "Tasks", after Model Garden's Task, kept smaller):
+The Trainer, checkpoints, strategies and monitor are written once (train/, the engine), the run
+directory once (run_dir.py), and run/ puts a task together with them; a task owns the rest (DESIGN.md "Tasks", after Model Garden's Task, kept smaller):
 
     task = task_for(config)                 # tasks/mlm.py MaskedLMTask, tasks/classify.py ClassifyTask
     task.prepare(run, source, say)          # vocabulary, tokenized (cached) examples
@@ -21,7 +21,7 @@ tasks/seq2seq.py Seq2SeqTask (translation, summarization) generates text with mo
 `accuracy_name` names the accuracy the Trainer logs; `unit`/`items_per_step` its throughput
 (None: loss_sums also returns `items`, counted per batch);
 `shape_generic` asks for one shape-generic trace of the train step (batches of varying shape).
-A task never imports another task.
+A task never imports another task, the engine (train/) or run orchestration (run/).
 """
 
 from __future__ import annotations
@@ -35,10 +35,12 @@ DTYPE_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_fl
 
 
 def dtype_policy(precision: str) -> str:
-    """The Keras dtype policy of a `train.precision` setting, "auto" resolved for this machine."""
-    from trainformer.train.precision import resolve_precision  # TensorFlow-free until called
-
-    return DTYPE_POLICIES[resolve_precision(precision)[0]]
+    """The Keras dtype policy of a resolved `train.precision` (fp32, bf16, fp16). Whoever builds
+    a task resolves "auto" for the machine first (train.precision.resolved): a task never asks
+    the engine."""
+    if precision not in DTYPE_POLICIES:
+        raise ValueError(f"train.precision {precision!r} must be resolved before a task builds a model")
+    return DTYPE_POLICIES[precision]
 
 
 def load_source(config: ExperimentConfig):

@@ -13,13 +13,14 @@ from trainformer.data.corpus import Corpus
 from trainformer.data.pipeline import (
     cache_file, cached_token_stream, eval_batches, most_frequent_token, pack, train_dataset,
 )
-from trainformer.data.tokenizer import MASK_ID, PAD_ID, SPECIAL_TOKENS, Tokenizer, frame
+from trainformer.data.tokenizer import Tokenizer, frame
+from trainformer.tokens import MASK_ID, PAD_ID, SPECIAL_TOKENS
 from trainformer.errors import UserError
 from trainformer.model.heads import build_masked_lm
 from trainformer.tasks import dtype_policy
 from trainformer.tasks.serving import TEXT, TaskServing
 from trainformer.tasks.vocabulary import run_vocabulary
-from trainformer.train.run_dir import RunDir
+from trainformer.run_dir import RunDir
 
 EVAL_SEED = 20260101  # fixed: every eval of every run scores the same valid targets
 TOP_K = 5  # candidates `predict` prints for each [MASK]

@@ -91,12 +91,13 @@ import tensorflow as tf
 from trainformer.config import (
     DataConfig, ExperimentConfig, ModelConfig, TaskConfig, TokenizerConfig, validate,
 )
-from trainformer.data.tokenizer import SPECIAL_TOKENS, VOCAB_FILE, Tokenizer, _write_vocab
+from trainformer.data.tokenizer import VOCAB_FILE, Tokenizer, _write_vocab
+from trainformer.tokens import SPECIAL_TOKENS
 from trainformer.errors import UserError
 from trainformer.files import read_json
 from trainformer.model.heads import MaskedLM, build_masked_lm
 from trainformer.train.checkpoint import Checkpoints
-from trainformer.train.run_dir import RunDir, environment, now
+from trainformer.run_dir import RunDir, environment, now
 
 SUPPORTED_MODEL_TYPES = ("bert",)
 HIDDEN_ACTS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}

@@ -15,7 +15,7 @@ import sys
 
 from trainformer.config import ExperimentConfig
 from trainformer.tasks import load_source
-from trainformer.train.run_dir import RunDir
+from trainformer.run_dir import RunDir
 
 
 def writes_run_dir() -> bool:
@@ -52,6 +52,6 @@ def start_training(config: ExperimentConfig, run: RunDir, metrics_port: int | No
         if chief:
             stack.enter_context(run.lock())
             run.check_resume(config)  # again: another process may have trained it meanwhile
-        from trainformer.train.session import train  # TensorFlow loads here
+        from trainformer.run.session import train  # TensorFlow loads here
 
         return train(config, run, source, out=out, exporter=exporter)

@@ -1,6 +1,6 @@
 """One training session: a process's part of a run, from its start (or resume) to its end.
 
-`train` is what `trainformer train` runs once train/start.py has checked and locked the run
+`train` is what `trainformer train` runs once run/start.py has checked and locked the run
 directory, for any task: the task (tasks/) brings the data, model, loss sums and metrics;
 devices, strategy, checkpoints, resume, monitor and manifest are the same for every task.
 """
@@ -22,14 +22,14 @@ from trainformer.config import ExperimentConfig
 from trainformer.data.pipeline import distribute
 from trainformer.errors import TrainingError, UserError
 from trainformer.tasks import task_for
-from trainformer.train.attention import AttentionSnapshot, sentence_from_windows
+from trainformer.run.attention import AttentionSnapshot, sentence_from_windows
 from trainformer.train.checkpoint import Checkpoints, restore_pretrained, weights_digest
 from trainformer.train.loop import Trainer
 from trainformer.train.monitor import Monitor, format_duration
 from trainformer.train.optim import make_optimizer
 from trainformer.train.precision import resolved
 from trainformer.train.prometheus import PrometheusExporter
-from trainformer.train.run_dir import RunDir, environment, now
+from trainformer.run_dir import RunDir, environment, now
 from trainformer.train.strategy import (
     barrier, configure_devices, describe_devices, is_chief, is_multi_worker, make_strategy,
 )

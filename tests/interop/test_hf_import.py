@@ -16,12 +16,13 @@ import tensorflow as tf
 from safetensors.numpy import load_file, save_file
 
 from trainformer.config import load_config
-from trainformer.data.tokenizer import SPECIAL_TOKENS, Tokenizer
+from trainformer.data.tokenizer import Tokenizer
+from trainformer.tokens import SPECIAL_TOKENS
 from trainformer.errors import UserError
-from trainformer.hf_import import import_hf_bert
+from trainformer.interop.hf_import import import_hf_bert
 from trainformer.model.heads import build_classifier, build_masked_lm
 from trainformer.train.checkpoint import find_checkpoint, restore_model
-from trainformer.train.run_dir import RunDir
+from trainformer.run_dir import RunDir
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tiny-hf-bert"
 REFERENCE = np.load(FIXTURE / "reference.npz")

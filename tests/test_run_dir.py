@@ -13,7 +13,7 @@ import yaml
 from trainformer.config import load_config
 from trainformer.errors import UserError
 from trainformer.train.monitor import keep_records_until
-from trainformer.train.run_dir import RunDir, resolve_train_config
+from trainformer.run_dir import RunDir, resolve_train_config
 
 
 def make_run(root, config, checkpoint=True, fingerprint="f" * 64):
@@ -40,7 +40,7 @@ def test_a_second_lock_on_a_run_is_refused_with_the_holders_pid(tmp_path):
 def test_the_lock_of_a_killed_process_is_free(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         from pathlib import Path
-        from trainformer.train.run_dir import RunDir
+        from trainformer.run_dir import RunDir
         with RunDir(Path({str(tmp_path / 'run')!r})).lock():
             print("locked", flush=True)
             input()

@@ -6,9 +6,10 @@ import dataclasses
 from pathlib import Path
 
 from trainformer.errors import UserError
+from trainformer.run_dir import RunDir
 from trainformer.tasks import load_source, task_for
 from trainformer.train.checkpoint import find_checkpoint, restore_model
-from trainformer.train.run_dir import RunDir
+from trainformer.train.precision import resolved
 from trainformer.train.strategy import make_strategy
 
 
@@ -21,6 +22,7 @@ def load_run(run_dir: Path, which: str = "latest", precision: str | None = None)
     config = run.load_config()
     if precision:
         config = dataclasses.replace(config, train=dataclasses.replace(config.train, precision=precision))
+    config, _ = resolved(config)  # auto -> what this machine computes in (weights are float32 either way)
     path = find_checkpoint(run.checkpoints_dir, which)
     task = task_for(config)
     if not task.prepare_from_cache(run):
