@@ -1,4 +1,4 @@
-"""The direction of imports (docs/architecture.md): every module imports only from floors below
+"""The direction of imports (README "Layout"): every module imports only from floors below
 its own, and a few packages on one floor stay apart. Read from the source with `ast`, function
 -level imports included, so a late `import` cannot hide an edge."""
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-
 CJK_PROBE = "中文的"  # glyphs a font must draw to be used for Chinese token labels
 # Where CJK fonts usually live when fontconfig is absent or does not know them.
 CJK_FONT_PATHS = (
