@@ -80,3 +80,29 @@ def test_a_fill_mask_answer_merged_with_wider_requests_is_cut_to_its_own_masks()
     assert own["mask_count"].tolist() == [1, 0] and own["tokens"][0, 0, 0] == "的"
     classify = {"label": np.array([b"pos"]), "probabilities": np.ones([1, 2], np.float32)}
     assert own_masks(classify) is classify
+
+
+def test_a_wrong_method_is_a_405_not_a_missing_model(client):
+    running, _ = client
+    for url in ("/v1/models/reader:predict", "/v1/models/reader/versions/7:predict"):
+        answer = running.get(url)
+        assert answer.status_code == 405, url
+        assert answer.headers["allow"] == "POST" and ":predict takes POST" in answer.json()["error"]
+    posted = running.post("/v1/models/reader")  # status is GET only
+    assert posted.status_code == 405 and posted.json()["error"].startswith("POST /v1/models/reader: ")
+    unknown = running.post("/v1/models/reader:classify", json={"instances": ["x"]})
+    assert unknown.status_code in (404, 405)  # never a 5xx
+    assert running.get("/v1/models/reader:classify").status_code == 404
+
+
+def test_the_default_name_is_the_exported_runs(tmp_path):
+    from trainformer.serve.server import default_name
+
+    export = tmp_path / "zh-bert-tiny" / "export"
+    export.mkdir(parents=True)
+    assert default_name(export, {"run": "zh-bert-tiny", "run_dir": ".."}) == "zh-bert-tiny"
+    assert default_name(export, {}) == "export"  # an export made before metadata named its run
+    assert default_name(export, {"run": "runs with spaces"}) == "export"  # not a name a URL can hold
+    odd = tmp_path / "my export"
+    odd.mkdir()
+    assert default_name(odd, {}) == "model"

@@ -68,7 +68,7 @@ def saved_model(exported):
 
 
 def test_status_and_metadata_answer_as_tf_serving(server, exported):
-    assert server.name == "intent"  # the model folder's name
+    assert server.name == "run"  # the exported run's name (metadata.json), not the export folder's (intent)
     status = server.client.get(server.model).json()
     step = status["model_version_status"][0]["version"]
     assert status == {"model_version_status": [{"version": step, "state": "AVAILABLE",
@@ -76,7 +76,7 @@ def test_status_and_metadata_answer_as_tf_serving(server, exported):
     assert server.client.get(f"{server.model}/versions/{step}").status_code == 200
     assert server.client.get(f"{server.model}/versions/999999").status_code == 404
     metadata = server.client.get(f"{server.model}/metadata").json()
-    assert metadata["model_spec"] == {"name": "intent", "signature_name": "", "version": step}
+    assert metadata["model_spec"] == {"name": "run", "signature_name": "", "version": step}
     signatures = metadata["metadata"]["signature_def"]["signature_def"]
     default = signatures["serving_default"]
     assert default["inputs"]["text"]["dtype"] == "DT_STRING"
@@ -85,7 +85,10 @@ def test_status_and_metadata_answer_as_tf_serving(server, exported):
     assert signatures["serve_ids"]["inputs"]["token_ids"]["dtype"] == "DT_INT32"
     assert server.client.get(f"{server.root}/healthz").json() == {"status": "ok"}
     missing = server.client.get(f"{server.root}/v1/models/other")
-    assert missing.status_code == 404 and "intent" in missing.json()["error"]
+    assert missing.status_code == 404 and "'run'" in missing.json()["error"]
+    wrong_method = server.client.get(f"{server.model}:predict")  # the right URL, the wrong method
+    assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
+    assert "POST" in wrong_method.json()["error"]
 
 
 def test_rest_answers_equal_the_saved_models_own(server, saved_model):
@@ -221,14 +224,25 @@ def test_sigterm_lets_requests_in_flight_finish_then_exits_0(exported, tmp_path)
     server = Server(exported, "--name", "slow", "--batch-timeout-ms", "1000", "--max-batch", "64",
                     log_path=tmp_path / "serve.log")
     codes = []
+    # Connected and sent before SIGTERM, whatever the machine's load: a client still starting up
+    # when it comes would meet a closed port, which is not what this test is about.
+    host, port = server.root.removeprefix("http://").split(":")
+    connections = [http.client.HTTPConnection(host, int(port), timeout=30) for _ in range(8)]
+    for connection in connections:
+        connection.connect()
+    sent = threading.Barrier(len(connections) + 1)
 
-    def ask():
-        codes.append(httpx.post(f"{server.model}:predict", json={"instances": ["你好"]}, timeout=30).status_code)
+    def ask(connection):
+        connection.request("POST", f"/v1/models/{server.name}:predict", json.dumps({"instances": ["你好"]}),
+                           {"Content-Type": "application/json"})
+        sent.wait()
+        codes.append(connection.getresponse().status)
 
-    askers = [threading.Thread(target=ask) for _ in range(8)]
+    askers = [threading.Thread(target=ask, args=(connection,)) for connection in connections]
     for asker in askers:
         asker.start()
-    time.sleep(0.5)
+    sent.wait(timeout=30)
+    time.sleep(0.2)  # the server reads them; the 1 s batch timeout keeps them in flight
     server.process.send_signal(signal.SIGTERM)
     for asker in askers:
         asker.join(timeout=30)

@@ -53,29 +53,31 @@ def create_app(model: ServedModel, name: str, batcher: Batcher, metrics: ServeMe
         yield
         await asyncio.to_thread(batcher.close)  # uvicorn has let in-flight requests finish first
 
-    rules = Rules(limits.max_instances, model.pad_id, model.metadata.get("vocab_size"),
-                  model.metadata.get("max_length"))
     app = FastAPI(title="trainformer serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    add_error_handlers(app)
+    add_health_routes(app, batcher, metrics)
+    find_model = model_finder(model, name)
+    add_status_routes(app, model, name, find_model)
+    add_predict_routes(app, model, find_model, batcher, metrics, limits)
+    return app
 
+
+def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, err: HTTPException) -> Response:
-        return error(err.status_code, f"{request.method} {request.url.path}: {err.detail}")
+        return error(err.status_code, f"{request.method} {request.url.path}: {err.detail}", err.headers)
 
     @app.exception_handler(ClientError)
     async def client_error(request: Request, err: ClientError) -> Response:
-        return error(err.status, str(err))
+        return error(err.status, str(err), err.headers)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, err: Exception) -> Response:
         log.exception("%s %s failed", request.method, request.url.path)
         return error(500, "internal error (see the server log)")
 
-    def find_model(requested: str, version: str | None) -> None:
-        if requested != name or version not in (None, model.version):
-            spec = f"Latest({requested})" if version is None else f"Specific({requested}, {version})"
-            raise ClientError(f"Servable not found for request: {spec} (this server serves {name!r}, "
-                              f"version {model.version})", status=404)
 
+def add_health_routes(app: FastAPI, batcher: Batcher, metrics: ServeMetrics) -> None:
     @app.get("/healthz")
     async def healthz() -> Response:
         return error(503, "shutting down") if batcher.closed else json_response({"status": "ok"})
@@ -85,9 +87,34 @@ def create_app(model: ServedModel, name: str, batcher: Batcher, metrics: ServeMe
         body, content_type = metrics.exposition()
         return Response(body, media_type=content_type)
 
+
+def model_finder(model: ServedModel, name: str):
+    """find_model(requested, version): a 404 in TF Serving's words unless it names this model."""
+    def find_model(requested: str, version: str | None) -> None:
+        if requested != name or version not in (None, model.version):
+            spec = f"Latest({requested})" if version is None else f"Specific({requested}, {version})"
+            raise ClientError(f"Servable not found for request: {spec} (this server serves {name!r}, "
+                              f"version {model.version})", status=404)
+
+    return find_model
+
+
+def refuse_verb(requested: str, method: str) -> None:
+    """A GET on `NAME:predict` lands in the status routes (a model name may hold no ':'): it is
+    the right URL with the wrong method, not a missing model."""
+    _, colon, verb = requested.rpartition(":")
+    if colon and verb == "predict":
+        raise ClientError(f"{method} {requested}: :predict takes POST with a JSON body", status=405,
+                          headers={"Allow": "POST"})
+    if colon:
+        raise ClientError(f"{requested}: unknown verb :{verb} (this server answers :predict)", status=404)
+
+
+def add_status_routes(app: FastAPI, model: ServedModel, name: str, find_model) -> None:
     @app.get("/v1/models/{requested}")
     @app.get("/v1/models/{requested}/versions/{version}")
-    async def status(requested: str, version: str | None = None) -> Response:
+    async def status(request: Request, requested: str, version: str | None = None) -> Response:
+        refuse_verb(version or requested, request.method)
         find_model(requested, version)
         return json_response({"model_version_status": [{"version": model.version, "state": "AVAILABLE",
                                                         "status": {"error_code": "OK", "error_message": ""}}]})
@@ -101,6 +128,12 @@ def create_app(model: ServedModel, name: str, batcher: Batcher, metrics: ServeMe
                  if key in model.metadata}
         return json_response({"model_spec": {"name": name, "signature_name": "", "version": model.version},
                               "metadata": {"signature_def": {"signature_def": signatures}, "trainformer": about}})
+
+
+def add_predict_routes(app: FastAPI, model: ServedModel, find_model, batcher: Batcher, metrics: ServeMetrics,
+                       limits: Limits) -> None:
+    rules = Rules(limits.max_instances, model.pad_id, model.metadata.get("vocab_size"),
+                  model.metadata.get("max_length"))
 
     @app.post("/v1/models/{requested}:predict")
     @app.post("/v1/models/{requested}/versions/{version}:predict")
@@ -128,8 +161,6 @@ def create_app(model: ServedModel, name: str, batcher: Batcher, metrics: ServeMe
         except Exception:
             log.exception("predict failed: the model raised")
             return error(500, "the model failed on this request (see the server log)")
-
-    return app
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -22,9 +22,10 @@ DEFAULT_SIGNATURE = "serving_default"
 class ClientError(Exception):
     """A request we cannot answer, by the client's doing: `status` 400, 404, 413..."""
 
-    def __init__(self, message: str, status: int = 400):
+    def __init__(self, message: str, status: int = 400, headers: dict | None = None):
         super().__init__(message)
         self.status = status
+        self.headers = headers  # e.g. a 405's Allow
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,9 @@ def serve(model_dir: Path, host: str = "127.0.0.1", port: int = 8501, name: str 
           max_batch: int = 64, batch_timeout_ms: float = 0.0, max_queue: int = 4096,
           limits: Limits = Limits(), access_log: bool = False) -> int:
     """Serve MODEL_DIR (a `trainformer export` folder) until stopped; the exit status."""
-    name = model_name(model_dir, name)
+    check_name(name)
     check_settings(max_batch, batch_timeout_ms, max_queue, limits)
-    read_metadata(model_dir)  # a wrong folder fails before TensorFlow loads
+    name = name or default_name(model_dir, read_metadata(model_dir))  # a wrong folder fails before TensorFlow loads
     listener = bind(host, port)
     model = ServedModel.load(model_dir)
     warm_up(model)
@@ -45,13 +45,18 @@ def serve(model_dir: Path, host: str = "127.0.0.1", port: int = 8501, name: str 
     return 0
 
 
-def model_name(model_dir: Path, name: str | None) -> str:
-    if name is not None:
-        if not NAME.fullmatch(name):
-            raise UserError(f"--name {name!r}: use letters, digits, '.', '_' and '-' (it goes in the URL)")
-        return name
-    default = model_dir.resolve().name
-    return default if NAME.fullmatch(default) else "model"
+def check_name(name: str | None) -> None:
+    if name is not None and not NAME.fullmatch(name):
+        raise UserError(f"--name {name!r}: use letters, digits, '.', '_' and '-' (it goes in the URL)")
+
+
+def default_name(model_dir: Path, metadata: dict) -> str:
+    """The exported run's name (runs/zh-bert-tiny/export serves zh-bert-tiny, not "export"),
+    else the folder's; "model" when neither can stand in a URL."""
+    for candidate in (metadata.get("run"), model_dir.resolve().name):
+        if isinstance(candidate, str) and NAME.fullmatch(candidate):
+            return candidate
+    return "model"
 
 
 def check_settings(max_batch: int, batch_timeout_ms: float, max_queue: int, limits: Limits) -> None:
