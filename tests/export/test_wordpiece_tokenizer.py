@@ -153,7 +153,9 @@ def test_runs_as_a_script_without_site_packages(vocab_dir, tokenizer, corpus, tm
     shutil.copy(wordpiece_tokenizer.__file__, tmp_path / "tokenizer.py")
     texts = corpus.valid[:20] + ["Hello, [MASK] café!"]
     ids = in_graph(tokenizer, texts)
-    for extra, expected in ([], ids), (["--max-length", "8"], [[2, *row[:6], 3] for row in ids]):
+    framed = [[2, *row, 3] for row in ids]  # what the exported models read: [CLS] ... [SEP]
+    for extra, expected in (([], framed), (["--max-length", "8"], [[2, *row[:6], 3] for row in ids]),
+                            (["--no-special-tokens"], ids)):
         result = subprocess.run([sys.executable, "-I", "-S", str(tmp_path / "tokenizer.py"), *extra],
                                 input="\n".join(texts) + "\n", capture_output=True, text=True, encoding="utf-8")
         assert result.returncode == 0, result.stderr

@@ -4,7 +4,7 @@
     OUT/model.tflite        LiteRT, ids in (+ model_dynamic.tflite, model_float16.tflite)
     OUT/model.onnx          onnxruntime, ids in
     OUT/vocab.txt, tokenizer.json, tokenizer.py   ids for the TFLite and ONNX models
-    OUT/metadata.json       run, step, task, labels, vocabulary hash, versions, parity
+    OUT/metadata.json       run (name, path from OUT), step, task, labels, vocabulary hash, versions, parity
 
 The artifacts are written into a staging folder next to OUT that replaces OUT only when all
 of them are written and checked: a crash never leaves a half export, and never loses the
@@ -14,6 +14,7 @@ previous one.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -61,7 +62,7 @@ def export_run(run_dir: Path, out: Path | None = None, formats=FORMATS, which: s
     say("parity: every artifact against the Keras model on held-out data")
     checked = parity.check(task, serving, staging, files)
     metadata = {
-        "task": task.config.task.type, "run_dir": str(Path(run_dir).resolve()), "checkpoint": checkpoint,
+        "task": task.config.task.type, **run_reference(Path(run_dir), out, checkpoint),
         "step": step, "labels": getattr(task, "labels", None), "max_length": task.config.data.seq_len,
         "pad_id": PAD_ID, "vocab_size": task.tokenizer.vocab_size, "vocab_sha256": task.tokenizer.vocab_hash,
         "lowercase": task.tokenizer.lowercase, "files": files, "signatures": _describe(serving.exported_functions()),
@@ -72,6 +73,15 @@ def export_run(run_dir: Path, out: Path | None = None, formats=FORMATS, which: s
     say("\n".join(parity.report_lines(checked)))
     say(f"exported step {step} to {out}")
     return metadata
+
+
+def run_reference(run_dir: Path, out: Path, checkpoint: str) -> dict:
+    """The run an export came from, in terms that survive copying both elsewhere: its name
+    (what `serve` calls the model), its path relative to the export and the checkpoint's
+    relative to the run (absolute paths would name folders of the machine that exported it)."""
+    run_dir = run_dir.resolve()
+    return {"run": run_dir.name, "run_dir": os.path.relpath(run_dir, out.resolve()),
+            "checkpoint": os.path.relpath(Path(checkpoint).resolve(), run_dir)}
 
 
 def _check_choices(option: str, given, allowed) -> None:

@@ -9,7 +9,7 @@ Python 3.8+ runs, with the standard library only (it is copied into export direc
     tokenizer = WordPieceTokenizer.from_files(".")
     ids = tokenizer.encode("人民日报", max_length=128)     # [CLS] ... [SEP]
 
-    echo "人民日报" | python tokenizer.py                   # ids of each line on stdin
+    echo "人民日报" | python tokenizer.py                   # [CLS] ... [SEP] ids of each line on stdin
 
 It reproduces, id for id, `tf_text.normalize_utf8(text, "NFKC")` followed by tensorflow-text's
 `FastBertTokenizer(vocab, unknown_token="[UNK]", lower_case_nfd_strip_accents=lowercase)`:
@@ -38,7 +38,7 @@ import sys
 import unicodedata
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, List, Tuple
+from typing import Iterable, List, Optional, Tuple
 
 VOCAB_FILE = "vocab.txt"
 SETTINGS_FILE = "tokenizer.json"
@@ -164,8 +164,9 @@ class WordPieceTokenizer:
             ids.extend(self._word_ids(word))
         return ids
 
-    def encode(self, text: str, max_length: int) -> List[int]:
-        """[CLS] ids [SEP], the ids cut to max_length - 2 (the text's end is dropped)."""
+    def encode(self, text: str, max_length: Optional[int] = None) -> List[int]:
+        """[CLS] ids [SEP], as the model reads a text; with max_length the ids are cut to
+        max_length - 2 (the text's end is dropped)."""
         return self._encode(text, max_length)[0]
 
     def encode_batch(self, texts: Iterable[str], max_length: int) -> Tuple[List[List[int]], List[bool]]:
@@ -176,11 +177,11 @@ class WordPieceTokenizer:
         rows = [ids + [self.pad_id] * (width - len(ids)) for ids, _ in encoded]
         return rows, [truncated for _, truncated in encoded]
 
-    def _encode(self, text: str, max_length: int) -> Tuple[List[int], bool]:
-        if max_length < 2:
+    def _encode(self, text: str, max_length: Optional[int]) -> Tuple[List[int], bool]:
+        if max_length is not None and max_length < 2:
             raise ValueError(f"max_length must hold [CLS] and [SEP] (at least 2), got {max_length}")
         ids = self.tokenize(text)
-        kept = ids[: max_length - 2]
+        kept = ids if max_length is None else ids[: max_length - 2]
         return [self.cls_id, *kept, self.sep_id], len(kept) < len(ids)
 
     def _wordpiece(self, word: str) -> Tuple[int, ...]:
@@ -204,11 +205,14 @@ class WordPieceTokenizer:
 
 
 def main(argv=None) -> int:
-    """Print the ids of each line on stdin, space-separated, one line per line."""
+    """Print the ids of each line on stdin, space-separated, one line per line: [CLS] ... [SEP]
+    as the model reads them (the exported models take exactly these), or the bare pieces."""
     here = Path(__file__).resolve().parent
     parser = argparse.ArgumentParser(description="WordPiece ids of each line on stdin.")
     parser.add_argument("folder", nargs="?", default=str(here), help=f"holds {VOCAB_FILE} and {SETTINGS_FILE} (default: {here})")
-    parser.add_argument("--max-length", type=int, help="add [CLS] and [SEP] and cut to this many ids")
+    parser.add_argument("--max-length", type=int, help="cut each line to this many ids, [CLS] and [SEP] included")
+    parser.add_argument("--no-special-tokens", action="store_true",
+                        help="the WordPiece ids only, without [CLS] and [SEP] (and not cut)")
     args = parser.parse_args(argv)
     try:
         tokenizer = WordPieceTokenizer.from_files(args.folder)
@@ -220,7 +224,7 @@ def main(argv=None) -> int:
     sys.stdin.reconfigure(encoding="utf-8", errors="replace")  # vocab.txt is UTF-8 too, whatever the locale
     for line in sys.stdin:
         text = line.rstrip("\n")
-        ids = tokenizer.tokenize(text) if args.max_length is None else tokenizer.encode(text, args.max_length)
+        ids = tokenizer.tokenize(text) if args.no_special_tokens else tokenizer.encode(text, args.max_length)
         print(" ".join(map(str, ids)))
     return 0
 
