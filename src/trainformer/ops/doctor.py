@@ -297,7 +297,7 @@ def format_report(facts: dict) -> str:
     sections = [("versions", version_rows(facts["versions"])),
                 ("tensorflow", tensorflow_rows(facts["tensorflow"], facts["xla"], facts["environment"])),
                 ("nvidia", nvidia_rows(facts["nvml"])),
-                ("cpu", cpu_rows(facts["cpu"])),
+                ("cpu", cpu_rows(facts["cpu"], facts["matmul"])),
                 ("train", [("precision auto", "{}: {}".format(*auto_precision(facts)))]),
                 ("self-test", matmul_rows(facts["matmul"])),
                 ("disk", [(facts["disk"]["path"], f"{facts['disk']['free_bytes'] / 2**30:.1f} GiB free")])]
@@ -346,21 +346,39 @@ def nvidia_rows(nvml: dict) -> list[tuple[str, str]]:
     return rows or [("GPUs", "none")]
 
 
-def cpu_rows(cpu: dict) -> list[tuple[str, str]]:
+def cpu_rows(cpu: dict, matmul: list[dict]) -> list[tuple[str, str]]:
     present = [name for name, on in cpu["features"].items() if on]
     fast_bf16 = any(cpu["features"][name] for name in BF16_CPU_FEATURES)
+    has = "AVX512-BF16/AMX" if fast_bf16 else "no AVX512-BF16/AMX"
     return [("model", f"{cpu['model'] or 'unknown'}, {cpu['cores']} cores"),
             ("features", " ".join(present) or "none of " + " ".join(CPU_FEATURES)),
-            ("bf16", "fast here (AVX512-BF16/AMX)" if fast_bf16 else "slow here (no AVX512-BF16/AMX): use fp32 on CPU")]
+            ("bf16", f"{has}; {bf16_speed(matmul, 'CPU:0')}")]
+
+
+def bf16_speed(matmul: list[dict], device: str) -> str:
+    """bf16 against fp32 as the self-test measured them on device: machines differ too much
+    (and from day to day) for a ratio measured elsewhere to say anything here."""
+    measured = {result["dtype"]: result["gflops"] for result in matmul if result["device"] == device}
+    fp32, bf16 = measured.get("fp32"), measured.get("bf16")
+    if not fp32:
+        return "speed not measured"
+    if bf16 is None:
+        return "no bf16 matmul kernel here"
+    return f"measured bf16 {bf16:.1f} vs fp32 {fp32:.1f} GFLOP/s ({bf16 / fp32:.2f}x)"
 
 
 def auto_precision(facts: dict) -> tuple[str, str]:
     """What `train.precision: auto` chooses on the machine the facts describe, and why: the GPUs
-    TensorFlow sees decide before the CPU does."""
+    TensorFlow sees decide before the CPU does. A CPU's choice follows its flags; the speed it
+    quotes is this machine's self-test, not train's canned figure."""
     gpus = [(gpu["name"], version_tuple(gpu["compute_capability"]) if gpu["compute_capability"] else None)
             for gpu in facts["tensorflow"]["gpus"]]
     flags = {name for name, on in facts["cpu"]["features"].items() if on}
-    return choose_precision(gpus, False, flags)
+    choice, why = choose_precision(gpus, False, flags)
+    if gpus:
+        return choice, why
+    has = "has" if choice == "bf16" else "has no"
+    return choice, f"this CPU {has} AVX512-BF16 or AMX ({bf16_speed(facts['matmul'], 'CPU:0')})"
 
 
 def matmul_rows(matmul: list[dict]) -> list[tuple[str, str]]:
