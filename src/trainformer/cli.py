@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,10 @@ from trainformer.errors import TrainingError, UserError
 from trainformer.quiet import quiet_tensorflow
 
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process Ctrl-C stopped
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what `yes | head` reports for yes
+CHECKPOINT_CHOICE = {"choices": ("latest", "best"), "default": "latest",
+                     "help": "the newest checkpoint (default) or the one with the lowest valid loss"}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -27,7 +32,15 @@ def parser() -> argparse.ArgumentParser:
     def verb(name: str, **kwargs) -> argparse.ArgumentParser:
         return verbs.add_parser(name, parents=[debug], **kwargs)
 
-    train = verb("train", help="pretrain a model (resumes if RUN_DIR holds a run)")
+    for add_verb in (add_train, add_eval, add_predict, add_export, add_import, add_bench, add_launch, add_doctor,
+                     add_diff, add_serve, add_data):
+        add_verb(verb)
+    return top
+
+
+def add_train(verb) -> None:
+    train = verb("train", help="train a model for its task: pretraining, classification or seq2seq "
+                               "(resumes if RUN_DIR holds a run)")
     train.add_argument("config", nargs="?",
                        help="YAML file or built-in name (default: RUN_DIR's own config when it holds a run, "
                             "else zh-bert-tiny)")
@@ -37,40 +50,51 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--metrics-port", type=int, metavar="P",
                        help="serve Prometheus metrics on 127.0.0.1:P while training")
 
+
+def add_eval(verb) -> None:
     evaluate = verb("eval", help="score a run's checkpoint on held-out data")
     evaluate.add_argument("run_dir", type=Path, help="a run directory written by train")
     evaluate.add_argument("--split", choices=("valid", "test", "train"), default="valid",
                           help="held-out data (default), the test split of a classify run, or the training data")
-    evaluate.add_argument("--checkpoint", choices=("latest", "best"), default="latest",
-                          help="the newest checkpoint (default) or the one with the lowest valid loss")
+    evaluate.add_argument("--checkpoint", **CHECKPOINT_CHOICE)
+    evaluate.add_argument("--set", dest="overrides", action="append", default=[], metavar="decode.KEY=VALUE",
+                          help="seq2seq: decode this time with other settings, e.g. --set decode.strategy=greedy "
+                               "(decode.* keys only; repeatable)")
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
 
+
+def add_predict(verb) -> None:
     predict = verb("predict", help="answer texts with a run's model: a label (classify), [MASK] fills (mlm), "
                                    "a translation or summary (seq2seq)")
     predict.add_argument("run_dir", type=Path, help="a run directory written by train (or import hf)")
     predict.add_argument("texts", nargs="*", metavar="TEXT", help="texts to answer (default: lines on stdin)")
-    predict.add_argument("--checkpoint", choices=("latest", "best"), default="latest",
-                         help="the newest checkpoint (default) or the one with the lowest valid loss")
+    predict.add_argument("--checkpoint", **CHECKPOINT_CHOICE)
     predict.add_argument("--nbest", action="store_true",
                          help="seq2seq with beam search: also print every hypothesis of the beam with its score")
 
+
+def add_export(verb) -> None:
     export = verb("export", help="write a run's model as a SavedModel (text in), TFLite and ONNX, checked for parity")
     export.add_argument("run_dir", type=Path, help="a run directory written by train (or import hf)")
     export.add_argument("--format", default="saved_model,tflite,onnx", metavar="F[,F]",
-                        help="comma-separated: saved_model, tflite, onnx (default: all three)")
+                        help="comma-separated: saved_model, tflite, onnx (default: all three); or hf alone: a "
+                             "Hugging Face BERT folder (default --out RUN_DIR/hf)")
     export.add_argument("--out", type=Path, help="the export directory (default: RUN_DIR/export; an earlier "
                                                  "export there is replaced)")
-    export.add_argument("--checkpoint", choices=("latest", "best"), default="latest",
-                        help="the newest checkpoint (default) or the one with the lowest valid loss")
+    export.add_argument("--checkpoint", **CHECKPOINT_CHOICE)
     export.add_argument("--quantize", default="", metavar="Q[,Q]",
                         help="also write quantized TFLite models: dynamic (int8 weights), float16")
 
+
+def add_import(verb) -> None:
     importer = verb("import", help="turn another framework's checkpoint into a run directory")
     importer.add_argument("format", choices=("hf",), help="hf: a Hugging Face BERT folder (config.json, "
                                                           "model.safetensors, vocab.txt)")
     importer.add_argument("hf_dir", type=Path, metavar="HF_DIR")
     importer.add_argument("--run-dir", type=Path, required=True, help="the run directory to write (new or empty)")
 
+
+def add_bench(verb) -> None:
     bench = verb("bench", help="time a config's training step: tokens/s, MFU, data-wait")
     bench.add_argument("config", nargs="?", help="YAML file or built-in name, as for train")
     bench.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -83,27 +107,37 @@ def parser() -> argparse.ArgumentParser:
                        help="vocabulary and token cache for real text (default: runs/bench-<config name>)")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
 
+
+def add_launch(verb) -> None:
     launch = verb("launch", help="train with N local worker processes (MultiWorkerMirroredStrategy)",
                   usage="trainformer launch --workers N -- train [CONFIG] [--set KEY=VALUE ...]")
     launch.add_argument("--workers", type=int, required=True, metavar="N",
                         help="worker processes to start on this machine (127.0.0.1)")
     launch.add_argument("command", nargs=argparse.REMAINDER, help="'--' then the train command line")
 
+
+def add_doctor(verb) -> None:
     doctor = verb("doctor", help="check the install, TensorFlow, GPUs, CPU and disk; exit 1 if a problem is found")
     doctor.add_argument("--run-dir", type=Path, default=Path("runs"),
                         help="where runs are written: its free disk is checked (default: runs)")
     doctor.add_argument("--json", action="store_true", help="print one JSON object: the facts and problems")
 
+
+def add_diff(verb) -> None:
     diff = verb("diff", help="what differs between two runs; exit 0 same, 1 different (like diff)")
     diff.add_argument("run_a", type=Path, metavar="RUN_A", help="a run directory")
     diff.add_argument("run_b", type=Path, metavar="RUN_B", help="another run directory")
     diff.add_argument("--json", action="store_true", help="print one JSON object")
 
+
+def add_serve(verb) -> None:
     serve = verb("serve", help="serve an exported model over TF Serving's REST API, with dynamic batching")
     serve.add_argument("model_dir", type=Path, metavar="MODEL_DIR", help="a folder written by trainformer export")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this host only)")
-    serve.add_argument("--port", type=int, default=8501, help="port (default 8501, TF Serving's REST port; 0: any free)")
-    serve.add_argument("--name", help="the model's name in URLs (default: MODEL_DIR's folder name)")
+    serve.add_argument("--port", type=int, default=8501,
+                       help="port (default 8501, TF Serving's REST port; 0: any free)")
+    serve.add_argument("--name", help="the model's name in URLs (default: the exported run's name, else "
+                                      "MODEL_DIR's folder name)")
     serve.add_argument("--max-batch", type=int, default=64,
                        help="most instances merged into one model call (default 64; 1 turns batching off)")
     serve.add_argument("--batch-timeout-ms", type=float, default=0.0,
@@ -115,9 +149,10 @@ def parser() -> argparse.ArgumentParser:
                        help="most instances waiting for the model; beyond it requests get 503 (default 4096)")
     serve.add_argument("--access-log", action="store_true", help="log every request (uvicorn's access log)")
 
+
+def add_data(verb) -> None:
     data = verb("data", help="built-in corpora")
     data.add_argument("action", choices=("list",), help="list: name and description of each recipe")
-    return top
 
 
 def version() -> str:
@@ -136,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     quiet_tensorflow(args.debug)  # before TensorFlow loads: its own log lines only with --debug
     try:
-        return run(args)
+        status = run(args)
+        sys.stdout.flush()  # here, not at exit: a reader that has gone away is handled below
+        return status
     except UserError as err:
         if args.debug:
             raise
@@ -148,105 +185,153 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainformer: training stopped: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("trainformer: interrupted; rerun the same command to resume from the last checkpoint", file=sys.stderr)
-        return 130
+        print("trainformer: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader stopped reading (`| head`): not an error of ours. Python would flush stdout
+        # again at exit and fail the same way, so stdout now points at /dev/null.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.verb == "doctor":
-        from trainformer.ops.doctor import check, format_report
+    return VERBS[args.verb](args)
 
-        facts = check(args.run_dir)
-        print(json.dumps(facts) if args.json else format_report(facts))
-        return 1 if facts["problems"] else 0
 
-    if args.verb == "diff":
-        from trainformer.ops.diff import diff_runs, format_differences
+def run_doctor(args: argparse.Namespace) -> int:
+    from trainformer.ops.doctor import check, format_report
 
-        differences = diff_runs(args.run_a, args.run_b)
-        print(json.dumps({"identical": not differences, "differences": differences}, ensure_ascii=False)
-              if args.json else format_differences(differences))
-        return 1 if differences else 0
+    facts = check(args.run_dir)
+    print(json.dumps(facts) if args.json else format_report(facts))
+    return 1 if facts["problems"] else 0
 
-    if args.verb == "serve":
-        from trainformer.serve.server import Limits, serve
 
-        limits = Limits(max_body_bytes=int(args.max_body_mb * (1 << 20)), max_instances=args.max_instances)
-        return serve(args.model_dir, args.host, args.port, args.name, max_batch=args.max_batch,
-                     batch_timeout_ms=args.batch_timeout_ms, max_queue=args.max_queue, limits=limits,
-                     access_log=args.access_log)
+def run_diff(args: argparse.Namespace) -> int:
+    from trainformer.ops.diff import diff_runs, format_differences
 
-    if args.verb == "data":
-        from trainformer.data.recipes import RECIPES
+    differences = diff_runs(args.run_a, args.run_b)
+    print(json.dumps({"identical": not differences, "differences": differences}, ensure_ascii=False)
+          if args.json else format_differences(differences))
+    return 1 if differences else 0
 
-        for recipe in RECIPES.values():
-            print(f"{recipe.name:22s} {recipe.description}")
-        return 0
 
-    from trainformer.config import load_config
+def run_serve(args: argparse.Namespace) -> int:
+    from trainformer.serve.server import Limits, serve
+
+    limits = Limits(max_body_bytes=int(args.max_body_mb * (1 << 20)), max_instances=args.max_instances)
+    return serve(args.model_dir, args.host, args.port, args.name, max_batch=args.max_batch,
+                 batch_timeout_ms=args.batch_timeout_ms, max_queue=args.max_queue, limits=limits,
+                 access_log=args.access_log)
+
+
+def run_data(args: argparse.Namespace) -> int:
+    from trainformer.data.recipes import RECIPES
+
+    for recipe in RECIPES.values():
+        print(f"{recipe.name:22s} {recipe.description}")
+    return 0
+
+
+def run_launch(args: argparse.Namespace) -> int:
+    from trainformer.launch import launch
     from trainformer.run_dir import resolve_train_config
 
-    if args.verb == "launch":
-        from trainformer.launch import launch
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if command[:1] == ["train"]:  # a bad config fails here once, not in every worker
+        train = parser().parse_args(command)
+        resolve_train_config(train.config, train.overrides, train.run_dir)
+    return launch(args.workers, command)
 
-        command = args.command[1:] if args.command[:1] == ["--"] else args.command
-        if command[:1] == ["train"]:  # a bad config fails here once, not in every worker
-            train = parser().parse_args(command)
-            resolve_train_config(train.config, train.overrides, train.run_dir)
-        return launch(args.workers, command)
 
-    if args.verb == "train":
-        config, run = resolve_train_config(args.config, args.overrides, args.run_dir)  # before TensorFlow loads
-        from trainformer.run.start import start_training
+def run_train(args: argparse.Namespace) -> int:
+    from trainformer.run_dir import resolve_train_config
 
+    config, run = resolve_train_config(args.config, args.overrides, args.run_dir)  # before TensorFlow loads
+    from trainformer.run.start import interrupted_line, start_training
+
+    try:
         start_training(config, run, metrics_port=args.metrics_port)
-        return 0
-
-    if args.verb == "bench":
-        config = load_config(args.config, args.overrides)
-        from trainformer.ops.bench import bench, format_result
-
-        say = (lambda text: print(text, file=sys.stderr)) if args.json else print  # stdout: the JSON only
-        result = bench(config, args.steps, args.warmup, args.synthetic, args.cache_dir, say)
-        print(json.dumps(result) if args.json else format_result(result))
-        return 0
-
-    if args.verb == "predict":
-        from trainformer.run.inference import predictor
-
-        answer = predictor(args.run_dir, which=args.checkpoint, nbest=args.nbest)
-        for chunk in text_chunks(args.texts or (line.rstrip("\n") for line in sys.stdin)):
-            for result in answer(chunk):
-                print(json.dumps(result, ensure_ascii=False), flush=True)
-        return 0
-
-    if args.verb == "export":
-        from trainformer.export import export_run
-        from trainformer.export.parity import failures
-
-        quantize = tuple(q for q in args.quantize.split(",") if q)
-        metadata = export_run(args.run_dir, args.out, formats=tuple(f for f in args.format.split(",") if f),
-                              which=args.checkpoint, quantize=quantize)
-        problems = failures(metadata["parity"], quantize)
-        for line in problems:
-            print(f"trainformer: parity failed: {line}", file=sys.stderr)
-        return 1 if problems else 0
-
-    if args.verb == "import":
-        from trainformer.interop.hf_import import import_hf_bert
-
-        import_hf_bert(args.hf_dir, args.run_dir)
-        return 0
-
-    from trainformer.run.inference import evaluate
-
-    result = evaluate(args.run_dir, split=args.split, which=args.checkpoint)
-    if args.json:
-        print(json.dumps(result, ensure_ascii=False))
-    else:
-        for key, value in result.items():
-            print(f"{key:18s} {value:.4f}" if isinstance(value, float) else f"{key:18s} {value}")
+    except KeyboardInterrupt:  # before the loop took over Ctrl-C, or a second Ctrl-C: nothing saved now
+        print(f"trainformer: {interrupted_line(run)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from trainformer.config import load_config
+
+    config = load_config(args.config, args.overrides)
+    from trainformer.ops.bench import bench, format_result
+
+    result = bench(config, args.steps, args.warmup, args.synthetic, args.cache_dir, say_for(args))
+    print(json.dumps(result) if args.json else format_result(result))
+    return 0
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    from trainformer.run.inference import predictor
+
+    answer = predictor(args.run_dir, which=args.checkpoint, nbest=args.nbest, warn=say_on_stderr)
+    for chunk in text_chunks(args.texts or (line.rstrip("\n") for line in sys.stdin)):
+        for result in answer(chunk):
+            print(json.dumps(result, ensure_ascii=False), flush=True)
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    if "hf" in args.format.split(","):
+        return run_export_hf(args)
+    from trainformer.export import export_run
+    from trainformer.export.parity import failures
+
+    quantize = tuple(q for q in args.quantize.split(",") if q)
+    metadata = export_run(args.run_dir, args.out, formats=tuple(f for f in args.format.split(",") if f),
+                          which=args.checkpoint, quantize=quantize)
+    problems = failures(metadata["parity"], quantize)
+    for line in problems:
+        print(f"trainformer: parity failed: {line}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def run_export_hf(args: argparse.Namespace) -> int:
+    """--format hf writes a folder of its own (transformers' file names): not combined with the others."""
+    if args.format != "hf" or args.quantize:
+        raise UserError("--format hf: give it alone, without --quantize (a Hugging Face folder is an export of its "
+                        "own: write the other formats with another command and --out)")
+    from trainformer.interop.hf_export import export_hf
+
+    export_hf(args.run_dir, args.out or args.run_dir / "hf", which=args.checkpoint)
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from trainformer.interop.hf_import import import_hf_bert
+
+    import_hf_bert(args.hf_dir, args.run_dir)
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from trainformer.run.inference import evaluate, format_metrics
+
+    result = evaluate(args.run_dir, split=args.split, which=args.checkpoint, overrides=args.overrides,
+                      say=say_on_stderr)
+    print(json.dumps(result, ensure_ascii=False) if args.json else format_metrics(result))
+    return 0
+
+
+VERBS = {"train": run_train, "eval": run_eval, "predict": run_predict, "export": run_export, "import": run_import,
+         "bench": run_bench, "launch": run_launch, "doctor": run_doctor, "diff": run_diff, "serve": run_serve,
+         "data": run_data}
+
+
+def say_on_stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def say_for(args: argparse.Namespace):
+    """Where a verb's progress lines go: stderr under --json, so stdout holds the JSON only."""
+    return say_on_stderr if args.json else print
 
 
 def text_chunks(texts, size: int = 64):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import unicodedata
 from pathlib import Path
 
+from trainformer.config import ExperimentConfig, apply_override, validate
 from trainformer.errors import UserError
 from trainformer.run_dir import RunDir
 from trainformer.tasks import load_source, task_for
@@ -12,14 +15,17 @@ from trainformer.train.checkpoint import find_checkpoint, restore_model
 from trainformer.train.precision import resolved
 from trainformer.train.strategy import make_strategy
 
+DECODE_KEYS = "decode.strategy, decode.beam_size, decode.length_penalty, decode.max_length"
 
-def load_run(run_dir: Path, which: str = "latest", precision: str | None = None):
+
+def load_run(run_dir: Path, which: str = "latest", precision: str | None = None, overrides=()):
     """(task, model, checkpoint path, step) of a run's latest or best checkpoint. The task's
     data comes from the run's cache, so the corpus may have moved since training; only a run
     whose cache was deleted reads its corpus again. `precision` (e.g. "fp32") builds the model
-    in another precision than the run trained in (checkpoints hold float32 weights)."""
+    in another precision than the run trained in (checkpoints hold float32 weights);
+    `overrides` (decode.KEY=VALUE) decode a seq2seq run otherwise than it was trained to."""
     run = RunDir(run_dir)
-    config = run.load_config()
+    config = with_decode_overrides(run.load_config(), overrides)
     if precision:
         config = dataclasses.replace(config, train=dataclasses.replace(config.train, precision=precision))
     config, _ = resolved(config)  # auto -> what this machine computes in (weights are float32 either way)
@@ -32,24 +38,105 @@ def load_run(run_dir: Path, which: str = "latest", precision: str | None = None)
     return task, model, path, restore_model(model, path)
 
 
-def evaluate(run_dir: Path, split: str = "valid", which: str = "latest") -> dict:
+def with_decode_overrides(config: ExperimentConfig, overrides) -> ExperimentConfig:
+    """config with `decode.KEY=VALUE` items applied and checked; any other key is refused,
+    since the weights were trained for the rest of the config."""
+    if not overrides:
+        return config
+    for item in overrides:
+        if not item.partition("=")[0].strip().startswith("decode."):
+            raise UserError(f"--set {item}: eval changes only how a seq2seq run decodes ({DECODE_KEYS})")
+    if config.task.type != "seq2seq":
+        raise UserError(f"--set {overrides[0]}: this is a {config.task.type} run; only seq2seq runs decode")
+    config = copy.deepcopy(config)
+    for item in overrides:
+        apply_override(config, item)
+    validate(config, "--set")
+    return config
+
+
+def evaluate(run_dir: Path, split: str = "valid", which: str = "latest", overrides=(), say=None) -> dict:
     """Score a run's checkpoint on a split with its task's metrics; a task that generates text
-    also writes its outputs beside the references (RUN_DIR/eval/<split>-<step>.jsonl)."""
-    task, model, path, step = load_run(run_dir, which)
-    metrics = {**task.evaluator(model)(split), "step": step, "split": split, "checkpoint": path}
-    if hasattr(task, "save_outputs"):
+    also writes its outputs beside the references (RUN_DIR/eval/<split>-<step>.jsonl), and
+    tells `say` how far its decoding is."""
+    task, model, path, step = load_run(run_dir, which, overrides=overrides)
+    generates_text = hasattr(task, "save_outputs")
+    evaluator = task.evaluator(model, progress=say) if generates_text else task.evaluator(model)
+    metrics = {**evaluator(split), "step": step, "split": split, "checkpoint": path}
+    if generates_text:
         metrics["outputs_file"] = str(task.save_outputs(step))
     return metrics
 
 
-def predictor(run_dir: Path, which: str = "latest", nbest: bool = False):
+def predictor(run_dir: Path, which: str = "latest", nbest: bool = False, warn=None):
     """answer(texts) -> one dict per text: the task's answer (classify: label and
     probabilities; mlm: the top tokens for each [MASK]; seq2seq: the output text, with nbest
     the beam's hypotheses too), through the same in-graph functions an export saves. The
-    model loads once."""
+    model loads once. `warn(line)` hears about answers not to trust (an untrained head)."""
     task, model, _, _ = load_run(run_dir, which)
     serving = task.serving(model)
     if nbest and task.config.task.type != "seq2seq":
         raise UserError(f"--nbest: {run_dir} is a {task.config.task.type} run; only seq2seq runs decode with a beam")
+    untrained = untrained_head(RunDir(run_dir), task.config.task.type)
+    if untrained and warn:
+        warn(f"trainformer: warning: {run_dir} was imported without trained {untrained}: its [MASK] fills are "
+             f"random guesses until a run trains it (model.init_from={run_dir})")
     options = {"nbest": True} if nbest else {}
     return lambda texts: serving.answer(list(texts), **options)
+
+
+def untrained_head(run: RunDir, task_type: str) -> str | None:
+    """The head predict answers with, when `import hf` started it fresh (the manifest says so)."""
+    fresh = run.read_manifest().get("imported_from", {}).get("fresh", [])
+    if task_type == "mlm":
+        return next((what.split(" (")[0] for what in fresh if what.startswith("MLM head")), None)
+    return None
+
+
+# --- eval as text -------------------------------------------------------------------------------
+
+def format_metrics(result: dict) -> str:
+    """`eval` without --json: one `name value` line per scalar, then per-class scores and the
+    confusion matrix (classify) as aligned tables."""
+    lines = []
+    for key, value in result.items():
+        if key in ("per_class", "support", "confusion"):
+            continue
+        lines.append(f"{key:18s} {value:.4f}" if isinstance(value, float) else f"{key:18s} {value}")
+    if "per_class" in result:
+        lines += ["", *per_class_table(result["per_class"], result.get("support", {}))]
+    if "confusion" in result:
+        lines += ["", *confusion_table(result["confusion"], list(result.get("per_class", {})))]
+    return "\n".join(lines)
+
+
+def per_class_table(per_class: dict, support: dict) -> list[str]:
+    width = max(display_width(label) for label in [*per_class, "label"])
+    lines = [f"{pad('label', width)}  precision  recall      f1  support"]
+    for label, scores in per_class.items():
+        lines.append(f"{pad(label, width)}  {scores['precision']:9.4f}  {scores['recall']:6.4f}  {scores['f1']:6.4f}"
+                     f"  {support.get(label, ''):>7}")
+    return lines
+
+
+def confusion_table(confusion: list[list[int]], labels: list[str]) -> list[str]:
+    """Rows: the true label, numbered; columns: the predicted one, by the same numbers (a row
+    of 17 label names would not fit a terminal)."""
+    labels = labels or [str(i) for i in range(len(confusion))]
+    names = [f"{i + 1:>2} {label}" for i, label in enumerate(labels)]
+    width = max(display_width(name) for name in [*names, "true \\ predicted"])
+    cell = max(len(str(value)) for row in confusion for value in [*row, len(confusion)])
+    lines = ["confusion (rows: true label; columns: predicted, numbered as the rows)",
+             pad("true \\ predicted", width) + " " + " ".join(f"{j + 1:>{cell}}" for j in range(len(confusion)))]
+    for name, row in zip(names, confusion):
+        lines.append(pad(name, width) + " " + " ".join(f"{value:>{cell}}" for value in row))
+    return lines
+
+
+def display_width(text: str) -> int:
+    """Terminal columns: a CJK label's characters take two each."""
+    return sum(2 if unicodedata.east_asian_width(char) in "WF" else 1 for char in text)
+
+
+def pad(text: str, width: int) -> str:
+    return text + " " * (width - display_width(text))

@@ -55,3 +55,13 @@ def start_training(config: ExperimentConfig, run: RunDir, metrics_port: int | No
         from trainformer.run.session import train  # TensorFlow loads here
 
         return train(config, run, source, out=out, exporter=exporter)
+
+
+def interrupted_line(run: RunDir) -> str:
+    """What a Ctrl-C that stopped training at once (before the loop took over Ctrl-C, or a
+    second one) leaves behind: the last checkpoint, or nothing to resume from."""
+    if run.has_checkpoint():
+        return (f"interrupted: stopped at once without saving; rerun the same command to resume from the last "
+                f"checkpoint ({run.resume_command()})")
+    return ("interrupted before the first checkpoint: nothing was saved, so rerunning the same command "
+            "starts the run over")

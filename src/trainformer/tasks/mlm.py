@@ -195,9 +195,11 @@ class FillMaskServing(TaskServing):
 
     @tf.function(input_signature=[TEXT])
     def encode(self, text):
-        """Texts with [MASK]s -> ({token_ids (batch, L), masked_positions (batch, masks)} int32,
+        """Texts with [MASK]s (in any case) -> ({token_ids (batch, L), masked_positions (batch, masks)} int32,
         truncated (batch,) bool). The text between [MASK]s is tokenized as in training; rows
         with fewer masks than the longest are padded with position 0."""
+        # [mask] and [Mask] too: with a lowercasing vocabulary a user has no reason to expect case to matter
+        text = tf.strings.regex_replace(text, r"(?i)\[mask\]", MASK_TOKEN)
         parts = tf.strings.split(text, MASK_TOKEN)  # (batch, parts)
         pieces = self.tokenizer(parts.flat_values).with_row_splits_dtype(tf.int64)  # (all parts, None)
         follows_mask = tf.cast(tf.ragged.range(parts.row_lengths()).flat_values > 0, tf.int64)  # not a text's first part

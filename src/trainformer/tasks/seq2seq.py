@@ -51,6 +51,39 @@ def seq2seq_sums(logits: tf.Tensor, targets: dict, smoothing: float = 0.0) -> di
             "items": count + tf.cast(tf.reduce_sum(targets["source_tokens"]), tf.float32)}
 
 
+class DecodeProgress:
+    """Says "decoding test: 128/1,736 sentences, 1.2/s, ETA 9m" every `every_s` seconds through
+    `say` (nothing when say is None), and how long the whole split took at the end."""
+
+    def __init__(self, split: str, total: int, say=None, every_s: float = 5.0, clock=time.monotonic):
+        self.split, self.total, self.say, self.every_s, self.clock = split, total, say, every_s, clock
+        self.done = 0
+        self.started = self.last = clock()
+
+    def advance(self, count: int) -> None:
+        self.done += count
+        now = self.clock()
+        if self.say and now - self.last >= self.every_s and self.done < self.total:
+            self.last = now
+            rate = self.done / max(now - self.started, 1e-9)
+            self.say(f"decoding {self.split}: {self.done:,}/{self.total:,} sentences, {rate:.1f}/s, "
+                     f"ETA {short_duration((self.total - self.done) / max(rate, 1e-9))}")
+
+    def finish(self) -> None:
+        if self.say:
+            self.say(f"decoded {self.split}: {self.done:,} sentences in {short_duration(self.clock() - self.started)}")
+
+
+def short_duration(seconds: float) -> str:
+    """4s, 9m, 1h12m: an ETA needs no more precision than that."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
 class Seq2SeqTask:
     """Training an encoder-decoder on a ParallelCorpus, batched by a token budget."""
 
@@ -141,10 +174,11 @@ class Seq2SeqTask:
         return build_seq2seq(c.model, self.vocab_size, c.model.max_length or self.source_len, self.target_len,
                              dtype=dtype_policy(c.train.precision))
 
-    def evaluator(self, model: keras.Model):
+    def evaluator(self, model: keras.Model, progress=None):
         """evaluate(split) -> teacher-forced loss and token accuracy, then the whole split
         decoded (decode.*) and scored: BLEU, chrF, ROUGE-1/2/L, decode speed. The outputs are
-        kept for save_outputs."""
+        kept for save_outputs. `progress(line)`, when given, hears how far decoding is every
+        few seconds (beam search over a test split takes minutes)."""
         # eval batches come in many shapes: one shape-generic trace, not one per shape
         logits_of = tf.function(lambda inputs: model(inputs, training=False), reduce_retracing=True)
         serving = self.serving(model)
@@ -159,6 +193,7 @@ class Seq2SeqTask:
             decode_seconds = 0.0
             if split not in batches:
                 batches[split] = self._eval_batches(split)
+            meter = DecodeProgress(split, len(outputs), progress)
             for inputs, targets, indices in batches[split]:
                 for key, value in seq2seq_sums(logits_of(inputs), targets, self.config.train.label_smoothing).items():
                     sums[key] += float(value)
@@ -167,6 +202,8 @@ class Seq2SeqTask:
                 decode_seconds += time.perf_counter() - started
                 for index, text in zip(indices, decoded):
                     outputs[index] = text.decode("utf-8")
+                meter.advance(len(decoded))
+            meter.finish()
             self.outputs = {"split": split, "sources": texts["sources"], "references": texts["targets"],
                             "outputs": outputs}
             count = max(sums["count"], 1.0)
