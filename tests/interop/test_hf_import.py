@@ -24,7 +24,7 @@ from trainformer.model.heads import build_classifier, build_masked_lm
 from trainformer.train.checkpoint import find_checkpoint, restore_model
 from trainformer.run_dir import RunDir
 
-FIXTURE = Path(__file__).parent / "fixtures" / "tiny-hf-bert"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "tiny-hf-bert"
 REFERENCE = np.load(FIXTURE / "reference.npz")
 HF_VOCAB = (FIXTURE / "vocab.txt").read_text(encoding="utf-8").splitlines()
 TOLERANCE = 1e-4  # float32 parity
