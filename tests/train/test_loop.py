@@ -2,6 +2,8 @@
 unscaling), dense gradients, non-finite steps (stop, rollback and its limit)."""
 
 import json
+import os
+import signal
 import time
 
 import keras
@@ -91,7 +93,9 @@ def test_mixed_precision_stays_finite_and_close_to_fp32(windows, tokenizer, prec
     np.testing.assert_allclose(mixed, reference, rtol=0.03)
     assert mixed[-1] < mixed[0] - 0.3  # and it trains
     if precision == "fp16":  # the scale starts high and halves on overflow: a few skipped steps
-        assert 0 <= int(mixed_trainer.loss_scale.skipped_steps) < 5
+        # at 2**15 and 2**14 the first step's scaled gradients overflow float16, at 2**13 they fit
+        assert int(mixed_trainer.loss_scale.skipped_steps) == 2
+        assert float(mixed_trainer.loss_scale.scale) == 2.0**13
 
 
 def test_fp16_overflow_skips_the_update_and_halves_the_scale(windows, tokenizer):
@@ -190,12 +194,28 @@ def valid_loss(model, valid: list):
     return evaluate
 
 
-def fit(trainer, stream: tf.data.Dataset, tmp_path, valid: list):
+def fit(trainer, stream: tf.data.Dataset, tmp_path, valid: list, batches_from=None):
+    """Train (or, where tmp_path holds checkpoints, resume as session.py does) to the end."""
     tmp_path.mkdir(exist_ok=True)
     checkpoints = Checkpoints(tmp_path / "checkpoints", 5, **trainer.checkpoint_objects())
-    monitor = Monitor(tmp_path / "metrics.jsonl", tmp_path / "logs", 100, 1, out=open(tmp_path / "log", "w"))
-    trainer.fit(lambda number: iter(stream.skip(number)), valid_loss(trainer.model, valid), monitor, checkpoints)
+    checkpoints.restore_latest()
+    monitor = Monitor(tmp_path / "metrics.jsonl", tmp_path / "logs", 100, 1, out=open(tmp_path / "log", "a"),
+                      start_step=int(trainer.step.numpy()))
+    trainer.fit(batches_from or (lambda number: iter(stream.skip(number))), valid_loss(trainer.model, valid),
+                monitor, checkpoints)
     return checkpoints
+
+
+def acting_at(stream: tf.data.Dataset, batch: int, action):
+    """batches_from for fit that calls action() as batch number `batch` is fetched: a signal or a
+    crash at a known step, from Python, whatever the machine's speed."""
+    def batches_from(number: int):
+        for index, element in enumerate(stream.skip(number), start=number):
+            if index == batch:
+                action()
+            yield element
+
+    return batches_from
 
 
 def test_nan_batch_stops_training_before_it_reaches_the_weights(windows, tokenizer, tmp_path):
@@ -230,6 +250,91 @@ def test_nan_batch_rolls_back_to_the_checkpoint_and_skips_the_batches_since(wind
 
 def read_events(folder) -> list[dict]:
     return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+# Two micro-batches per step; NaN in batch 11, i.e. in step 6 (batches 10 and 11). Back to ckpt-4
+# (batches 0-7), so batches 8-11 are skipped (step 5's good ones too) and step 5 trains 12-13.
+ACCUMULATED = {"steps": 8, "accumulate": 2, "checkpoint_every": 4, "log_every": 1, "eval_every": 100}
+
+
+def weights(trainer) -> list[np.ndarray]:
+    return [v.numpy() for v in trainer.model.trainable_variables]
+
+
+@pytest.fixture(scope="module")
+def rolled_back(windows, tokenizer, tmp_path_factory):
+    """The uninterrupted run of ACCUMULATED through its rollback: (trainer, its folder)."""
+    folder = tmp_path_factory.mktemp("rolled-back")
+    trainer, _ = make_trainer(windows, tokenizer, on_nan="rollback", **ACCUMULATED)
+    valid = eval_batches(windows[:BATCH], BATCH, 0, 0.15, tokenizer.vocab_size)
+    fit(trainer, poisoned(windows, tokenizer, 11), folder, valid)
+    return trainer, folder
+
+
+def test_a_rollback_with_accumulation_skips_exactly_the_batches_since_the_checkpoint(
+        windows, tokenizer, tmp_path, rolled_back):
+    """Bitwise the run that trained batches 0-7 then 12-19: nothing skipped twice, nothing replayed."""
+    trainer, folder = rolled_back
+    reference, _ = make_trainer(windows, tokenizer, **ACCUMULATED)
+    clean = train_dataset(windows, BATCH, 42, 0.15, tokenizer.vocab_size)
+    valid = eval_batches(windows[:BATCH], BATCH, 0, 0.15, tokenizer.vocab_size)
+    fit(reference, clean.take(8).concatenate(clean.skip(12)), tmp_path, valid)
+    assert int(trainer.step) == 8 and int(trainer.data_offset) == 4 and int(trainer.optimizer.iterations) == 8
+    rollback = next(e for e in read_events(folder) if e.get("event") == "rollback")
+    assert (rollback["step"], rollback["to_step"], rollback["next_batch"]) == (6, 4, 12)
+    for ours, expected, variable in zip(weights(trainer), weights(reference), trainer.model.trainable_variables):
+        assert np.array_equal(ours, expected), variable.path
+
+
+def test_a_rolled_back_run_stopped_by_sigterm_resumes_bitwise(windows, tokenizer, tmp_path, rolled_back):
+    """SIGTERM as batch 14 is fetched (step 6 again, after the rollback): the step finishes, ckpt-6
+    holds the data offset, and a new Trainer resumed from it trains batches 16-19 and ends bitwise
+    where the uninterrupted rolled-back run did."""
+    stream = poisoned(windows, tokenizer, 11)
+    valid = eval_batches(windows[:BATCH], BATCH, 0, 0.15, tokenizer.vocab_size)
+    stopped, _ = make_trainer(windows, tokenizer, on_nan="rollback", **ACCUMULATED)
+    fit(stopped, stream, tmp_path, valid, acting_at(stream, 14, lambda: os.kill(os.getpid(), signal.SIGTERM)))
+    assert stopped.stopped_by == "SIGTERM" and int(stopped.step) == 6
+    assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("ckpt-6")
+    assert read_events(tmp_path)[-1] == {"event": "stopped", "signal": "SIGTERM", "step": 6}
+
+    keras.utils.set_random_seed(99)  # the resumed run's weights come from the checkpoint, not from its init
+    resumed, _ = make_trainer(windows, tokenizer, on_nan="rollback", **ACCUMULATED)
+    fit(resumed, stream, tmp_path, valid)
+    assert (int(resumed.step), int(resumed.data_offset)) == (8, 4)
+    for ours, expected, variable in zip(weights(resumed), weights(rolled_back[0]), resumed.model.trainable_variables):
+        assert np.array_equal(ours, expected), variable.path
+
+
+class Crash(Exception):
+    """Stands in for kill -9 between a logged step and the next checkpoint."""
+
+
+def crash() -> None:
+    raise Crash()
+
+
+def test_a_rerun_after_a_crash_drops_the_records_past_its_checkpoint(windows, tokenizer, tmp_path):
+    """Crash as step 7 fetches its batch: metrics.jsonl holds steps 5 and 6 (and the eval at 6),
+    the latest checkpoint is ckpt-4. The rerun drops exactly those records and writes them again:
+    every step once, in order, the records up to step 4 untouched."""
+    config = {"steps": 8, "checkpoint_every": 4, "log_every": 1, "eval_every": 3}
+    valid = eval_batches(windows[:BATCH], BATCH, 0, 0.15, tokenizer.vocab_size)
+    stream = train_dataset(windows, BATCH, 42, 0.15, tokenizer.vocab_size)
+    with pytest.raises(Crash):
+        fit(make_trainer(windows, tokenizer, **config)[0], stream, tmp_path, valid, acting_at(stream, 6, crash))
+    before = (tmp_path / "metrics.jsonl").read_text().splitlines(keepends=True)
+    assert [(e["split"], e["step"]) for e in map(json.loads, before)][-3:] == [("train", 5), ("train", 6),
+                                                                             ("valid", 6)]
+    kept = [line for line in before if json.loads(line)["step"] <= 4]
+    assert len(kept) == 5  # train 1-4 and valid 3
+
+    fit(make_trainer(windows, tokenizer, **config)[0], stream, tmp_path, valid)
+    after = (tmp_path / "metrics.jsonl").read_text().splitlines(keepends=True)
+    assert after[:len(kept)] == kept and not set(before[len(kept):]) & set(after)
+    assert [(e["split"], e["step"]) for e in map(json.loads, after)] == [
+        ("train", 1), ("train", 2), ("train", 3), ("valid", 3), ("train", 4), ("train", 5), ("train", 6),
+        ("valid", 6), ("train", 7), ("train", 8), ("valid", 8)]
 
 
 def test_a_fourth_rollback_to_one_checkpoint_stops_the_run(windows, tokenizer, tmp_path):
