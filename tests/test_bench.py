@@ -36,16 +36,31 @@ def test_synthetic_bench_reports_consistent_numbers():
     assert r["precision"] == resolve_precision("auto")[0]  # what train would choose on this machine
     assert r["num_params"] > 0 and r["mode"] == "synthetic"
     assert (r["batch_size"], r["seq_len"]) == (16, 32)
-    assert r["tokens_per_s"] == pytest.approx(16 * 32 / (r["step_ms"] / 1e3), rel=1e-3)
+    assert_rates_follow_from_the_step_time(r)
     assert r["effective_tokens_per_s"] == pytest.approx(r["tokens_per_s"], rel=1e-3)  # random ids: no padding
-    assert 0 < r["mfu"] < 1 and r["peak_gflops"]["fp32"] > 0
     assert 0 <= r["data_wait_pct"] < 100
+
+
+def assert_rates_follow_from_the_step_time(r: dict) -> None:
+    """Every rate in bench's JSON is its batch of 16 x 32 tokens, or the FLOPs of the tiny
+    config's step, over the median step time (each rounded where it is printed)."""
+    seconds = r["step_ms"] / 1e3
+    assert (r["steps"], r["seq_len"]) == (3, 32)
+    assert r["tokens_per_s"] == pytest.approx(16 * 32 / seconds, rel=1e-3)
+    assert r["examples_per_s"] == pytest.approx(16 / seconds, rel=1e-3)
+    gflop = train_flops_per_step(load_config(None, TINY[1::2]).model, r["vocab_size"], 16, 32, 0.15) / 1e9
+    assert r["model_gflop_per_step"] == pytest.approx(gflop, abs=5e-4)
+    assert r["achieved_gflops"] == pytest.approx(gflop / seconds, rel=1e-3, abs=5e-3)
+    peak = r["peak_gflops"].get(r["precision"]) or r["peak_gflops"]["fp32"]
+    assert r["mfu"] == pytest.approx(gflop / seconds / peak, rel=2e-3, abs=5e-5)
+    assert r["step_ms_p10"] <= r["step_ms"] <= r["step_ms_p90"]
 
 
 def test_real_text_bench_counts_only_real_tokens_and_keeps_its_own_cache(tmp_path):
     cache = tmp_path / "bench-cache"
     r = bench_json("--cache-dir", str(cache))
     assert r["mode"] == "real-text"
+    assert_rates_follow_from_the_step_time(r)
     assert 0 < r["effective_tokens_per_s"] <= r["tokens_per_s"] * (1 + 1e-6)
     assert r["vocab_size"] < 8000  # the vocabulary trained on People's Daily, not the config's size
     assert list(cache.glob("*/tokenizer/vocab.txt")) and not (cache / "config.yaml").exists()

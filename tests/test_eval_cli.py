@@ -64,10 +64,13 @@ def test_eval_json_prints_the_eight_keys_of_the_latest_checkpoint(run, latest):
     assert set(result) == KEYS
     assert result["step"] == STEPS and result["split"] == "valid"
     assert result["checkpoint"].endswith(f"checkpoints/ckpt-{STEPS}")
-    assert result["loss"] == pytest.approx(valid_losses(run)[STEPS], rel=1e-5)  # the run's own last eval
+    logged = next(m for m in read_metrics(run) if m.get("split") == "valid" and m["step"] == STEPS)
+    assert result["loss"] == pytest.approx(logged["loss"], rel=1e-5)  # the run's own last eval
     assert result["perplexity"] == pytest.approx(math.exp(result["loss"]), rel=1e-9)
-    assert 0 <= result["masked_accuracy"] <= 1 and 0 < result["baseline_accuracy"] < 0.2
-    assert isinstance(result["num_targets"], int) and result["num_targets"] > 1000
+    # the same fixed cloze targets: the same count and baseline; a near-tie may flip one answer
+    assert isinstance(result["num_targets"], int) and result["num_targets"] == logged["num_targets"] > 1000
+    assert result["baseline_accuracy"] == logged["baseline_accuracy"]
+    assert result["masked_accuracy"] == pytest.approx(logged["masked_accuracy"], abs=1 / result["num_targets"])
 
 
 def test_eval_checkpoint_best_scores_the_best_checkpoint(run, latest):

@@ -2,16 +2,22 @@
 train, the eval outputs beside their references, eval --json, predict with the n-best, resume."""
 
 import json
+import shutil
+import unicodedata
+from collections import Counter
 
 import keras
 import numpy as np
 import pytest
+import sacrebleu
 import tensorflow as tf
 from cli_helpers import TINY, read_metrics, stop_after_first_step, trainformer
 
 from trainformer.config import load_config
 from trainformer.model.heads import build_masked_lm
 from trainformer.model.seq2seq import build_seq2seq
+from trainformer.run.inference import load_run
+from trainformer.tokens import SEP_ID
 from trainformer.train.checkpoint import Checkpoints, restore_pretrained
 
 HEADLINES = [*TINY, "--set", "task.type=seq2seq", "--set", "data.corpus=people-daily-headlines",
@@ -19,6 +25,48 @@ HEADLINES = [*TINY, "--set", "task.type=seq2seq", "--set", "data.corpus=people-d
              "--set", "data.test_fraction=0.1", "--set", "train.batch_tokens=1024", "--set", "decode.beam_size=2",
              "--set", "train.label_smoothing=0.1", "--set", "train.steps=20", "--set", "train.eval_every=20",
              "--set", "train.deterministic=true", "--set", "model.dropout=0.1"]
+
+
+def characters(text: str) -> list[str]:
+    return [c for c in unicodedata.normalize("NFKC", text) if not c.isspace()]
+
+
+def f_measure(overlap: int, predicted: int, expected: int) -> float:
+    precision, recall = overlap / max(predicted, 1), overlap / max(expected, 1)
+    return 2 * precision * recall / (precision + recall) if overlap else 0.0
+
+
+def ngram_f(output: list[str], reference: list[str], n: int) -> float:
+    ours, theirs = (Counter(zip(*(text[i:] for i in range(n)))) for text in (output, reference))
+    return f_measure(sum((ours & theirs).values()), sum(ours.values()), sum(theirs.values()))
+
+
+def lcs_f(output: list[str], reference: list[str]) -> float:
+    above = [0] * (len(reference) + 1)
+    for a in output:
+        row = [0]
+        for j, b in enumerate(reference, 1):
+            row.append(above[j - 1] + 1 if a == b else max(above[j], row[j - 1]))
+        above = row
+    return f_measure(above[-1], len(output), len(reference))
+
+
+def scores_of(rows: list[dict]) -> dict:
+    """The scores of an eval outputs file, computed here: BLEU (zh tokens) and chrF by sacrebleu
+    on NFKC text, ROUGE-1/2/L F-measures per character by hand, averaged over the rows."""
+    outputs = [unicodedata.normalize("NFKC", row["output"]) for row in rows]
+    references = [unicodedata.normalize("NFKC", row["reference"]) for row in rows]
+    pairs = [(characters(row["output"]), characters(row["reference"])) for row in rows]
+    return {"bleu": sacrebleu.corpus_bleu(outputs, [references], tokenize="zh").score,
+            "chrf": sacrebleu.corpus_chrf(outputs, [references]).score,
+            "rouge1": 100 * sum(ngram_f(o, r, 1) for o, r in pairs) / len(pairs),
+            "rouge2": 100 * sum(ngram_f(o, r, 2) for o, r in pairs) / len(pairs),
+            "rougeL": 100 * sum(lcs_f(o, r) for o, r in pairs) / len(pairs)}
+
+
+def assert_scores_of(result: dict, rows: list[dict]) -> None:
+    expected = scores_of(rows)
+    assert {name: result[name] for name in expected} == pytest.approx(expected, rel=1e-9, abs=1e-9)
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +86,7 @@ def test_training_writes_the_decoded_valid_split_beside_its_references(headline_
     valid = [e for e in read_metrics(run_dir) if e.get("split") == "valid"][-1]
     assert len(rows) == valid["num_examples"] > 100
     assert all(set(row) == {"source", "reference", "output"} and row["reference"] for row in rows)
+    assert_scores_of(valid, rows)  # the scores logged are those of the outputs written (0: see below)
 
 
 def test_eval_json_scores_the_test_split(headline_run):
@@ -50,9 +99,26 @@ def test_eval_json_scores_the_test_split(headline_run):
     trained = [e for e in read_metrics(run_dir) if e.get("split") == "valid"][-1]
     assert valid["loss"] == pytest.approx(trained["loss"], abs=1e-4)  # the checkpoint holds the whole model
     assert result["decode"] == {"strategy": "beam", "max_length": 24, "beam_size": 2, "length_penalty": 0.6}
-    assert all(0 <= result[name] <= 100 for name in ("bleu", "chrf", "rouge1", "rouge2", "rougeL"))
-    outputs = (run_dir / "eval" / "test-20.jsonl").read_text().splitlines()
-    assert result["outputs_file"].endswith("test-20.jsonl") and len(outputs) == result["num_examples"]
+    rows = [json.loads(line) for line in (run_dir / "eval" / "test-20.jsonl").read_text().splitlines()]
+    assert result["outputs_file"].endswith("test-20.jsonl") and len(rows) == result["num_examples"]
+    assert_scores_of(result, rows)
+
+
+def test_eval_scores_are_those_of_the_outputs_it_writes(headline_run, tmp_path):
+    """20 steps teach the model to end at once (every output empty, every score 0). With [SEP]
+    barred each output runs to 24 characters, some of them right: the scores eval computes are
+    the ones computed here from the outputs file it writes."""
+    run_dir, _ = headline_run
+    shutil.copytree(run_dir, tmp_path / "run")  # save_outputs writes into the run
+    task, model, _, step = load_run(tmp_path / "run")
+    bias = model.decoder.output_bias.numpy()
+    bias[SEP_ID] = -1e4
+    model.decoder.output_bias.assign(bias)
+    result = task.evaluator(model)("valid")
+    rows = [json.loads(line) for line in task.save_outputs(step).read_text(encoding="utf-8").splitlines()]
+    assert len(rows) == result["num_examples"] and all(row["output"] for row in rows)
+    assert scores_of(rows)["chrf"] > 0 and scores_of(rows)["rouge1"] > 0  # nothing trivial to agree on
+    assert_scores_of(result, rows)
 
 
 def test_predict_prints_the_output_and_the_beams_n_best(headline_run):

@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 from cli_helpers import ENV, TINY, trainformer
 
+from trainformer import quiet
+from trainformer.cli import main
 from trainformer.errors import UserError
-from trainformer.export import export_run
-from trainformer.export.parity import failures
+from trainformer.export import export_run, exporter
+from trainformer.export.convert import to_tflite
+from trainformer.export.parity import FLOAT32_TOLERANCE, failures
 
 TEXTS = ["你好", "你喜欢看什么电影？", "我们来聊聊历史吧" * 5, "Who are you?"]
 
@@ -39,6 +42,11 @@ def test_classify_export_matches_the_keras_model_everywhere(intent_export):
     for name in ("saved_model", "tflite", "onnx"):
         assert rows[name]["max_abs_logit_diff"] <= 1e-4 and rows[name]["agreement"] == 1.0, name
         assert rows[name]["accuracy"] == rows["keras"]["accuracy"]
+    # Other runtimes, other kernels: a real, small difference. Exactly 0 would mean the check
+    # compared the Keras model with itself (the perturbed artifact below shows it measures).
+    assert rows["keras"]["max_abs_logit_diff"] == 0.0
+    for name in ("tflite", "onnx"):
+        assert 0 < rows[name]["max_abs_logit_diff"] <= 1e-5, name
     assert 0 < rows["tflite_dynamic"]["max_abs_logit_diff"]  # quantized: reported, not required equal
     assert metadata["parity"]["examples"] > 0 and metadata["parity"]["text_max_abs_diff"] <= 1e-5
     assert "tflite_float16" in stdout and "same answer" in stdout
@@ -123,6 +131,32 @@ def test_bad_export_requests_are_one_line_errors_that_keep_what_exists(intent_ex
     assert (precious / "todo.txt").read_text() == "keep me"
     result = trainformer("export", str(tmp_path / "no-run"), check=False)
     assert result.returncode == 2 and result.stderr.count("\n") == 1
+
+
+def test_export_exits_1_on_an_artifact_whose_weights_are_off(intent_export, tmp_path, monkeypatch, capsys):
+    """A TFLite model converted with the logits bias moved by 0.01: every answer the same, every
+    logit 0.01 off. Parity measures exactly that and `export` names the artifact and exits 1."""
+    run_dir, _, _ = intent_export
+
+    def off_by_a_hundredth(serving, path, quantization=None):
+        bias = next(v for v in serving.model.weights if v.path.endswith("logits/bias"))
+        kept = bias.numpy()
+        bias.assign(kept + 0.01)  # frozen into the TFLite model's constants
+        try:
+            to_tflite(serving, path, quantization)
+        finally:
+            bias.assign(kept)  # the Keras model parity compares with is the run's own
+
+    monkeypatch.setattr(exporter, "to_tflite", off_by_a_hundredth)
+    monkeypatch.setitem(quiet._state, "debug", False)  # --debug: no stderr filter inside pytest
+    out = tmp_path / "off"
+    assert main(["export", str(run_dir), "--out", str(out), "--format", "saved_model,tflite", "--debug"]) == 1
+    rows = json.loads((out / "metadata.json").read_text())["parity"]["artifacts"]
+    assert rows["tflite"]["max_abs_logit_diff"] == pytest.approx(0.01, abs=FLOAT32_TOLERANCE)
+    assert rows["tflite"]["agreement"] == 1.0 and rows["saved_model"]["max_abs_logit_diff"] <= FLOAT32_TOLERANCE
+    assert capsys.readouterr().err.splitlines() == [
+        f"trainformer: parity failed: tflite: max |logit difference| {rows['tflite']['max_abs_logit_diff']:.2e}, "
+        "100.00% same predictions"]
 
 
 def test_parity_fails_an_unquantized_artifact_that_is_off_or_answers_differently():
