@@ -1,9 +1,13 @@
 """The deterministic WordPiece trainer on hand-checked word counts (the real corpus, the
 in-graph parity and byte-identical vocabularies across processes: test_tokenizer.py)."""
 
+import json
+import os
 import random
+import subprocess
+import sys
 
-from trainformer.data.wordpiece import count_words, learn_vocab
+from trainformer.data.wordpiece import count_words, learn_vocab, train_wordpiece
 
 WORDS = {"low": 5, "lower": 2, "newest": 6, "widest": 3}
 
@@ -52,6 +56,29 @@ def test_result_depends_only_on_the_counts():
         continuations = {"##" + ch for word in counts for ch in word[1:]}
         assert len(set(vocab)) == len(vocab) <= max(60, 2 + len(characters) + len(continuations))
         assert characters | continuations <= set(vocab)
+
+
+# train_wordpiece on texts from stdin; no TensorFlow import, so a process takes about a second.
+TRAIN_IN_ANOTHER_PROCESS = """
+import json, sys
+from trainformer.data.wordpiece import train_wordpiece
+print(json.dumps(train_wordpiece(json.load(sys.stdin), 5000, 2, True, ["[PAD]", "[UNK]"])))
+"""
+
+
+def test_the_vocabulary_does_not_depend_on_the_hash_seed(corpus):
+    """Sets of strings iterate in PYTHONHASHSEED order, which is fixed within one process: only
+    processes with other seeds show an order that leaked from a set (real paragraphs: thousands
+    of characters, and digit and Latin pieces whose pairs tie)."""
+    texts = corpus.train[:150]
+    expected = train_wordpiece(texts, 5000, 2, True, ["[PAD]", "[UNK]"])
+    assert sum(len(token.removeprefix("##")) > 1 for token in expected[2:]) > 10  # merges were learned too
+    processes = [subprocess.Popen([sys.executable, "-c", TRAIN_IN_ANOTHER_PROCESS], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONHASHSEED": seed})
+                 for seed in ("1", "2")]
+    for process in processes:
+        out, _ = process.communicate(json.dumps(texts))
+        assert process.returncode == 0 and json.loads(out) == expected
 
 
 def test_count_words_counts_what_the_pre_tokenizer_splits():

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainformer.config import ModelConfig
+from trainformer.config import ModelConfig, load_config
 from trainformer.model.heads import build_classifier, build_masked_lm
+from trainformer.run.session import build_trainer
+from trainformer.tasks.mlm import MaskedLMTask
 from trainformer.train.optim import DynamicLossScale, WarmupLinearDecay, dense_gradients, make_optimizer
 
 VOCAB, D = 10, 4
@@ -41,6 +43,23 @@ def test_schedule_accepts_tensor_steps_and_serializes():
     assert float(schedule(tf.constant(2, tf.int64))) == pytest.approx(1.5e-4)
     clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
     assert isinstance(clone, WarmupLinearDecay) and clone.get_config() == schedule.get_config()
+
+
+def test_a_warmup_longer_than_the_run_is_capped_at_train_steps():
+    """train.warmup_steps=200 on a 10-step run: the optimizer `train` builds climbs over the 10
+    steps, reaching the peak on the last one, instead of a 200-step warmup that never gets
+    past 5% of it."""
+    config = load_config(None, ["model.d_model=16", "model.num_layers=1", "model.num_heads=2", "model.dff=32",
+                                "data.seq_len=8", "train.steps=10", "train.warmup_steps=200",
+                                "train.learning_rate=1e-3", "train.precision=fp32"])
+    task = MaskedLMTask(config)
+    task.vocab_size = 50  # what prepare() would read from a vocabulary
+    optimizer = build_trainer(config, task, tf.distribute.get_strategy()).optimizer
+    seen = []
+    for step in range(11):
+        optimizer.iterations.assign(step)
+        seen.append(float(optimizer.learning_rate))
+    np.testing.assert_allclose(seen, [1e-4 * k for k in range(1, 11)] + [0.0], rtol=1e-6)
 
 
 def test_optimizer_uses_the_schedule():
