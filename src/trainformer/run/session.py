@@ -66,63 +66,96 @@ def train(config: ExperimentConfig, run: RunDir, source, out=sys.stdout,
 
 def _train(config: ExperimentConfig, run: RunDir, source, writes: RunDir, strategy: tf.distribute.Strategy,
            say, out, exporter: PrometheusExporter | None) -> dict:
+    """train, in the order a run needs: config, data, model and checkpoint, the summary, the loop."""
     chief = writes == run
     if chief:
         run.prepare(config)  # as given: a run with precision auto resolves it again where it resumes
     config, precision_reason = resolved(config)
-    train_cfg = config.train
-    check_batch_split(train_cfg.batch_size, strategy.num_replicas_in_sync)
-    keras.utils.set_random_seed(train_cfg.seed)  # Python, NumPy and TF seeds: model init, dropout
-    if train_cfg.deterministic:
-        # Deterministic kernels; our own jit_compile functions keep XLA (DESIGN.md).
-        tf.config.experimental.enable_op_determinism()
-    task = task_for(config)
-    if chief:
-        task.prepare(run, source, say)
-    barrier(strategy)  # the chief has written the vocabulary and token cache: the others read them
-    if not chief:
-        task.prepare(run, source, say, may_create_vocabulary=False)
-
+    set_up_process(config, strategy)
+    task = prepare_task(config, run, source, strategy, chief, say)
     trainer = build_trainer(config, task, strategy)
-    model = trainer.model
-    checkpoints = Checkpoints(writes.checkpoints_dir, train_cfg.keep_checkpoints, **trainer.checkpoint_objects())
-    shared = checkpoints if chief else Checkpoints(run.checkpoints_dir, 1, **trainer.checkpoint_objects())
-    restored = shared.restore_latest(warn=say)
+    checkpoints, restored, trained_in = restore(config, run, writes, trainer, say)
     start_step = int(trainer.step.numpy())
-    trained_in = run.read_manifest().get("precision") if restored else None  # before this segment rewrites it
-    if not restored and config.model.init_from:
-        say(f"encoder: from {restore_pretrained(model, RunDir(Path(config.model.init_from)).checkpoints_dir)}")
-
-    def batches_from(number: int):
-        return iter(distribute(strategy, task.train_batches(number)))
-
-    evaluate = task.evaluator(model)
-    manifest = start_manifest(writes, config, task, model.count_params(), strategy, bool(restored), start_step,
-                              precision_reason)
+    manifest = start_manifest(writes, config, task, trainer.model.count_params(), strategy, bool(restored),
+                              start_step, precision_reason)
     if exporter:
         say(f"metrics: {exporter.url}")
     # Records past the restored step belong to steps that are trained again: drop them.
-    monitor = Monitor(writes.metrics_file, writes.logs_dir, train_cfg.steps, task.items_per_step, out, exporter,
-                      start_step=start_step, unit=task.unit, eval_line=task.eval_line)
-    print_summary(say, config, task, model.count_params(), strategy, run, precision_reason)
+    monitor = Monitor(writes.metrics_file, writes.logs_dir, config.train.steps, task.items_per_step, out, exporter,
+                      start_step=start_step, unit=task.unit, eval_line=task.eval_line,
+                      pace_note=pace_note(config.train.precision, precision_reason))
+    print_summary(say, config, task, trainer.model.count_params(), strategy, run, precision_reason)
     if restored:
-        say(f"resuming from checkpoint {restored} (step {start_step}/{train_cfg.steps})")
-        if trained_in and trained_in != train_cfg.precision:  # precision auto resumed on other hardware
-            say(f"precision: this run trained in {trained_in} until step {start_step} and goes on in "
-                f"{train_cfg.precision} here; its weights are float32 either way")
-        monitor.record({"event": "resume", "step": start_step, "checkpoint": restored, "time": time.time()})
-    if start_step >= train_cfg.steps:
-        say(f"nothing left to train: step {start_step} >= train.steps {train_cfg.steps} "
+        say_resumed(say, monitor, config, restored, start_step, trained_in)
+    if start_step >= config.train.steps:
+        say(f"nothing left to train: step {start_step} >= train.steps {config.train.steps} "
             f"(to train longer: {run.resume_command()} --set train.steps=N)")
+    started = time.perf_counter()
+    final = fit(trainer, task, strategy, monitor, checkpoints, chief)
+    monitor.close()
+    return finish(trainer, task, run, writes, manifest, final, say, time.perf_counter() - started)
 
-    attention = AttentionSnapshot(model, task.tokenizer, *sentence_from_windows(task.attention_windows()),
-                                  layer=train_cfg.attention_layer)
+
+def set_up_process(config: ExperimentConfig, strategy: tf.distribute.Strategy) -> None:
+    """Seeds and kernels: what the process must fix before it builds anything."""
+    check_batch_split(config.train.batch_size, strategy.num_replicas_in_sync)
+    keras.utils.set_random_seed(config.train.seed)  # Python, NumPy and TF seeds: model init, dropout
+    if config.train.deterministic:
+        # Deterministic kernels; our own jit_compile functions keep XLA (DESIGN.md).
+        tf.config.experimental.enable_op_determinism()
+
+
+def prepare_task(config: ExperimentConfig, run: RunDir, source, strategy: tf.distribute.Strategy, chief: bool, say):
+    """The task with its vocabulary and tokenized data: the chief writes them, then the other
+    workers read them."""
+    task = task_for(config)
+    if chief:
+        task.prepare(run, source, say)
+    barrier(strategy)
+    if not chief:
+        task.prepare(run, source, say, may_create_vocabulary=False)
+    return task
+
+
+def restore(config: ExperimentConfig, run: RunDir, writes: RunDir, trainer: Trainer, say):
+    """(checkpoints this process writes, the checkpoint restored or None, the precision the run
+    trained in until then). Every worker restores the chief's latest checkpoint; a new run
+    may start its encoder from model.init_from."""
+    objects = trainer.checkpoint_objects()
+    checkpoints = Checkpoints(writes.checkpoints_dir, config.train.keep_checkpoints, **objects)
+    shared = checkpoints if writes == run else Checkpoints(run.checkpoints_dir, 1, **objects)
+    restored = shared.restore_latest(warn=say)
+    trained_in = run.read_manifest().get("precision") if restored else None  # before this segment rewrites it
+    if not restored and config.model.init_from:
+        say(f"encoder: from {restore_pretrained(trainer.model, RunDir(Path(config.model.init_from)).checkpoints_dir)}")
+    return checkpoints, restored, trained_in
+
+
+def say_resumed(say, monitor: Monitor, config: ExperimentConfig, restored: str, start_step: int,
+                trained_in: str | None) -> None:
+    precision = config.train.precision
+    say(f"resuming from checkpoint {restored} (step {start_step}/{config.train.steps})")
+    if trained_in and trained_in != precision:  # precision auto resumed on other hardware
+        say(f"precision: this run trained in {trained_in} until step {start_step} and goes on in "
+            f"{precision} here; its weights are float32 either way")
+    monitor.record({"event": "resume", "step": start_step, "checkpoint": restored, "time": time.time()})
+
+
+def fit(trainer: Trainer, task, strategy: tf.distribute.Strategy, monitor: Monitor, checkpoints: Checkpoints,
+        chief: bool) -> dict | None:
+    """Trainer.fit with the task's data and evaluation, the attention picture at each eval (chief
+    only); the final valid metrics, or None when a signal stopped it."""
+    evaluate = task.evaluator(trainer.model)
+    attention = AttentionSnapshot(trainer.model, task.tokenizer, *sentence_from_windows(task.attention_windows()),
+                                  layer=trainer.config.attention_layer)
+
+    def batches_from(number: int):
+        return iter(distribute(strategy, task.train_batches(number)))
 
     def on_eval(monitor: Monitor, step: int, metrics: dict) -> None:
         attention.log(monitor, step)
         task.on_eval(monitor, step, metrics)
 
-    started = time.perf_counter()
     try:
         final = trainer.fit(batches_from, lambda: evaluate("valid"), monitor, checkpoints,
                             on_eval=on_eval if chief else None)
@@ -131,24 +164,38 @@ def _train(config: ExperimentConfig, run: RunDir, source, writes: RunDir, strate
             raise
         raise TrainingError(f"lost contact with another worker ({type(err).__name__}); every worker stops: "
                             f"restart them all to resume from the last checkpoint") from None
-    if not trainer.stopped_by:
-        final = final or evaluate("valid")
-    monitor.close()
+    if trainer.stopped_by:
+        return None
+    return final or evaluate("valid")
+
+
+def finish(trainer: Trainer, task, run: RunDir, writes: RunDir, manifest: dict, final: dict | None, say,
+           seconds: float) -> dict:
+    """Close the segment in the manifest and say how it ended: stopped (and how to resume) or
+    done (the final metrics and the weights' digest)."""
     step = int(trainer.step.numpy())
     manifest["segments"][-1].update({"ended_at": now(), "to_step": step})
     if trainer.stopped_by:
         manifest["segments"][-1]["stopped_by"] = trainer.stopped_by
         writes.write_manifest(manifest)
-        say(f"{trainer.stopped_by}: stopped at step {step}/{train_cfg.steps} and saved a checkpoint; "
+        say(f"{trainer.stopped_by}: stopped at step {step}/{trainer.config.steps} and saved a checkpoint; "
             f"to resume: {run.resume_command()}")
         return {"step": step, "stopped_by": trainer.stopped_by}
     final = {**final, "step": step}
-    digest = weights_digest(model)
+    digest = weights_digest(trainer.model)
     manifest.update({"ended_at": now(), "final_eval": final, "weights_sha256": digest})
     writes.write_manifest(manifest)
-    print_result(say, task, final, run, time.perf_counter() - started)
-    (say if chief else print)(f"weights sha256 {digest}")  # every worker says it: compare them
+    print_result(say, task, final, run, seconds)
+    (say if writes == run else print)(f"weights sha256 {digest}")  # every worker says it: compare them
     return final
+
+
+def pace_note(precision: str, precision_reason: str) -> str:
+    """Why a run computes in what it does, for the first time estimate: the precision is what
+    moves a CPU's pace most (bf16 is 1.2-2x fp32 with AVX512-BF16/AMX, 2-3x slower without)."""
+    if precision_reason.startswith("auto: "):
+        return f"{precision} because {precision_reason.removeprefix('auto: ')}"
+    return f"{precision} as {precision_reason} says"
 
 
 def check_batch_split(batch_size: int, replicas: int) -> None:

@@ -37,7 +37,7 @@ class Monitor:
     flushed per line) and TensorBoard (logs/train, logs/valid), and prints a progress line."""
 
     def __init__(self, metrics_file: Path, logs_dir: Path, total_steps: int, items_per_step: int, out=sys.stdout,
-                 exporter=None, start_step: int = 0, unit: str = "tok", eval_line=None):
+                 exporter=None, start_step: int = 0, unit: str = "tok", eval_line=None, pace_note: str = ""):
         self.metrics_file = metrics_file
         keep_records_until(metrics_file, start_step)
         self.logs_dir = logs_dir
@@ -53,6 +53,14 @@ class Monitor:
         self._interval_steps = 0
         self._interval_excluded = 0.0  # seconds of eval/checkpointing inside the interval
         self._interval_data_wait = 0.0  # seconds the steps waited for input
+        # The ETA extrapolates this process's measured pace. Its first step also builds the
+        # input pipeline and traces the step (seconds): counted once, not once per step left.
+        self.pace_note = pace_note  # why the pace is what it is (e.g. the precision chosen), said once
+        self._first_step_s: float | None = None
+        self._interval_has_first_step = False
+        self._steps_done = 0  # in this process
+        self._not_training_s = 0.0  # evals and checkpoints in this process: their share of the ETA
+        self._expectation_said = False
 
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -62,6 +70,10 @@ class Monitor:
             handle.write(json.dumps(entry) + "\n")
 
     def step_done(self, data_wait_s: float = 0.0) -> None:
+        if self._first_step_s is None:
+            self._first_step_s = time.perf_counter() - self._interval_start - self._interval_excluded
+            self._interval_has_first_step = True
+        self._steps_done += 1
         self._interval_steps += 1
         self._interval_data_wait += data_wait_s
 
@@ -73,10 +85,13 @@ class Monitor:
         items = metrics.pop("items", None)  # counted by the task (varying batches), else items_per_step each
         rate = items / max(elapsed, 1e-9) if items is not None else steps_per_s * self.items_per_step
         metrics = {**metrics, self.rate_key: rate, "data_wait_pct": data_wait_pct}
+        seconds_per_step = self._seconds_per_step(elapsed)
         self._interval_start, self._interval_steps = time.perf_counter(), 0
         self._interval_excluded = self._interval_data_wait = 0.0
+        self._interval_has_first_step = False
         self._write("train", step, metrics)
-        eta = format_duration((self.total_steps - step) / max(steps_per_s, 1e-9))
+        eta_s = (self.total_steps - step) * (seconds_per_step + self._not_training_s / max(self._steps_done, 1))
+        eta = format_duration(eta_s)
         accuracy = next(key for key in metrics if key.endswith("accuracy"))  # e.g. masked_accuracy
         label = accuracy.replace("_accuracy", " acc").replace("accuracy", "acc")
         self.say(
@@ -86,6 +101,29 @@ class Monitor:
             f"data-wait {metrics['data_wait_pct']:.1f}%  ETA {eta}"
             + (f"  scale {metrics['loss_scale']:.0f} skipped {metrics['skipped_steps']}" if "loss_scale" in metrics else "")
         )
+        if not self._expectation_said and step < self.total_steps:
+            self._expectation_said = True
+            self.say(self._expectation(eta_s, seconds_per_step))
+
+    def _seconds_per_step(self, elapsed: float) -> float:
+        """The interval's training seconds per step, without the process's first step (set-up
+        and tracing) when the interval has other steps to measure."""
+        steps, seconds = self._interval_steps, elapsed
+        if self._interval_has_first_step and steps > 1:
+            steps, seconds = steps - 1, seconds - self._first_step_s
+        return max(seconds, 1e-9) / max(steps, 1)
+
+    def _expectation(self, eta_s: float, seconds_per_step: float) -> str:
+        """What the first progress line of a process lets it promise: the time left at the
+        pace measured on this machine, and why the pace is what it is."""
+        text = f"  expect ~{format_duration(eta_s)} more on this machine at {seconds_per_step:.3g} s/step"
+        if self.pace_note:
+            text += f" ({self.pace_note})"
+        if self._first_step_s is not None and self._first_step_s > 2 * seconds_per_step:
+            text += f", measured after a first step of {self._first_step_s:.1f} s (set-up, tracing)"
+        if not self._not_training_s:
+            text += "; evaluations and checkpoints come on top (the ETA adds them once timed)"
+        return text
 
     def log_eval(self, step: int, metrics: dict) -> None:
         self._write("valid", step, metrics)
@@ -104,7 +142,9 @@ class Monitor:
         try:
             yield
         finally:
-            self._interval_excluded += time.perf_counter() - start
+            spent = time.perf_counter() - start
+            self._interval_excluded += spent
+            self._not_training_s += spent
 
     def _write(self, split: str, step: int, metrics: dict) -> None:
         self.record({"split": split, "step": step, "time": time.time(), **metrics})
