@@ -106,10 +106,11 @@ def entrypoint_env(home: Path, **variables: str) -> dict[str, str]:
     return {**env, "HOME": str(home), "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", **variables}
 
 
-def start(args: list[str], env: dict, log: Path, user: list[str] = ()) -> subprocess.Popen:
+def start(args: list[str], env: dict, log: Path, user: list[str] = (), entrypoint: Path = ENTRYPOINT,
+          cwd: Path | None = None) -> subprocess.Popen:
     with open(log, "w") as out:
-        return subprocess.Popen([*user, "bash", str(ENTRYPOINT), *args], env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
+        return subprocess.Popen([*user, "bash", str(entrypoint), *args], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, cwd=cwd)
 
 
 def stop(process: subprocess.Popen, port: int) -> int:
@@ -173,33 +174,48 @@ def test_jupyter_requires_its_token(given_token, tmp_path):
     assert (token in output) == (not given_token)  # a generated token is printed, a given one never
 
 
+def closed_to_others(folder: Path) -> Path | None:
+    """The first of folder's parents that other users cannot enter, or None."""
+    return next((parent for parent in folder.parents if not parent.stat().st_mode & stat.S_IXOTH), None)
+
+
 @pytest.fixture
 def ssh_home():
-    """(home, run-as prefix): sshd runs as a user, as in the image; under root, as nobody."""
+    """(home, run-as prefix, entrypoint): sshd runs as a user, as in the image; under root, as
+    nobody. nobody may not be able to read the checkout (a clone under /root or in a 0700
+    folder: bash then exits 126), so the entrypoint runs from a copy in a folder everyone reads,
+    which is also the working directory of every process started as nobody."""
     if not SSHD.exists():
         if os.environ.get("CI") == "true":
             pytest.fail(f"{SSHD} is missing: CI must install openssh-server")
         pytest.skip(f"{SSHD} is not installed")
     top = Path(tempfile.mkdtemp(prefix="trainformer-ssh-"))  # not under pytest's root-only folder
     top.chmod(0o755)
+    closed = closed_to_others(top) if os.geteuid() == 0 else None
+    if closed:
+        shutil.rmtree(top)
+        pytest.skip(f"{closed} (the temporary folder's parent) is closed to other users: sshd cannot run as nobody")
+    entrypoint = top / ENTRYPOINT.name
+    shutil.copy(ENTRYPOINT, entrypoint)
+    entrypoint.chmod(0o755)
     home = top / "home"
     home.mkdir()
     user = []
     if os.geteuid() == 0:
         os.chown(home, NOBODY, NOBODY)
         user = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
-    yield home, user
+    yield home, user, entrypoint
     shutil.rmtree(top)
 
 
 def test_sshd_accepts_public_keys_only(ssh_home, tmp_path):
-    home, user = ssh_home
+    home, user, entrypoint = ssh_home
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "client")], check=True)
     public_key = (tmp_path / "client.pub").read_text().strip()
     port = free_port()
     env = entrypoint_env(home, SSH_PORT=str(port), SSH_LISTEN="127.0.0.1", SSH_AUTHORIZED_KEYS=public_key)
     log = tmp_path / "sshd.log"
-    process = start(["ssh"], env, log, user)
+    process = start(["ssh"], env, log, user, entrypoint, cwd=home.parent)
     try:
         def banner():
             with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
@@ -207,10 +223,11 @@ def test_sshd_accepts_public_keys_only(ssh_home, tmp_path):
 
         wait_until(banner, process, log, seconds=30)
         config = home / ".sshd" / "sshd_config"
-        check = subprocess.run([*user, str(SSHD), "-t", "-f", str(config)], capture_output=True, text=True)
+        check = subprocess.run([*user, str(SSHD), "-t", "-f", str(config)], capture_output=True, text=True,
+                               cwd=home.parent)
         assert check.returncode == 0, check.stderr
         effective = subprocess.run([*user, str(SSHD), "-T", "-f", str(config)], capture_output=True, text=True,
-                                   check=True).stdout
+                                   check=True, cwd=home.parent).stdout
         settings = dict(line.split(" ", 1) for line in effective.splitlines())
         assert settings["passwordauthentication"] == "no" and settings["kbdinteractiveauthentication"] == "no"
         assert settings["permitrootlogin"] == "no" and settings["pubkeyauthentication"] == "yes"
