@@ -72,71 +72,108 @@ def learn_vocab(
     """The WordPiece vocabulary of word_counts: special tokens first, then the alphabet (never
     cut by vocab_size), then merged pieces until vocab_size tokens or no pair with at least
     min_frequency occurrences is left."""
-    vocab: list[str] = list(special_tokens)
-    ids: dict[str, int] = {token: i for i, token in enumerate(vocab)}
+    vocab = _Vocabulary(special_tokens)
+    vocab.add_alphabet(word_counts)
+    pairs = _PairCounts(*_as_symbols(word_counts, vocab.ids))
+    while len(vocab.tokens) < vocab_size:
+        pair = pairs.pop_most_frequent(min_frequency)
+        if pair is None:
+            break
+        a, b = pair
+        pairs.merge(a, b, vocab.add(vocab.tokens[a] + vocab.tokens[b][len(PREFIX):]))  # b is always a "##" piece
+    return vocab.tokens
 
-    def add(token: str) -> int:
-        if token not in ids:
-            ids[token] = len(vocab)
-            vocab.append(token)
-        return ids[token]
 
-    characters = {ch for word in word_counts for ch in word}
-    continuations = {ch for word in word_counts for ch in word[1:]}
-    for ch in sorted(characters):
-        add(ch)
-    for ch in sorted(continuations):
-        add(PREFIX + ch)
+class _Vocabulary:
+    """Tokens in id order and the id of each: a token added twice keeps its first id."""
 
-    # Only words of two or more characters hold pairs. Sorted: the result does not depend on
-    # the order (counts are sums), but a fixed order makes every intermediate state fixed too.
-    words: list[list[int]] = []  # symbol ids per distinct word
-    counts: list[int] = []
+    def __init__(self, special_tokens: Sequence[str]):
+        self.tokens: list[str] = list(special_tokens)
+        self.ids: dict[str, int] = {token: i for i, token in enumerate(self.tokens)}
+
+    def add(self, token: str) -> int:
+        if token not in self.ids:
+            self.ids[token] = len(self.tokens)
+            self.tokens.append(token)
+        return self.ids[token]
+
+    def add_alphabet(self, word_counts: Mapping[str, int]) -> None:
+        """Every character by code point, then "##c" for every character seen inside a word."""
+        for ch in sorted({ch for word in word_counts for ch in word}):
+            self.add(ch)
+        for ch in sorted({ch for word in word_counts for ch in word[1:]}):
+            self.add(PREFIX + ch)
+
+
+def _as_symbols(word_counts: Mapping[str, int], ids: Mapping[str, int]) -> tuple[list[list[int]], list[int]]:
+    """(symbol ids per distinct word, its count) for the words that hold pairs (two or more
+    characters). Sorted: the result does not depend on the order (counts are sums), but a
+    fixed order makes every intermediate state fixed too."""
+    words, counts = [], []
     for word in sorted(w for w in word_counts if len(w) > 1):
         words.append([ids[word[0]], *(ids[PREFIX + ch] for ch in word[1:])])
         counts.append(word_counts[word])
+    return words, counts
 
-    pair_counts: Counter = Counter()
-    pair_words: defaultdict = defaultdict(set)  # pair -> indices of words that may hold it
-    for index, (symbols, count) in enumerate(zip(words, counts)):
-        for pair in zip(symbols, symbols[1:]):
-            pair_counts[pair] += count
-            pair_words[pair].add(index)
-    # Max-heap by count, then min by (left id, right id); entries go stale as counts drop and
-    # are re-pushed with the current count when they surface (counts of a pair only fall,
-    # except for pairs with a merged token, which are pushed when they form).
-    heap = [(-count, a, b) for (a, b), count in pair_counts.items()]
-    heapq.heapify(heap)
 
-    while len(vocab) < vocab_size and heap:
-        negative, a, b = heapq.heappop(heap)
-        count = pair_counts.get((a, b), 0)
-        if count != -negative:
-            if count > 0:
-                heapq.heappush(heap, (-count, a, b))
-            continue
-        if count < min_frequency:
-            break
-        merged = add(vocab[a] + vocab[b][len(PREFIX):])  # b is always a "##" piece
+class _PairCounts:
+    """How often each adjacent pair of symbols occurs (summed over word occurrences), kept
+    current as pairs merge: each merge touches only the words that hold the pair.
+
+    The most frequent pair comes from a max-heap by count, then min by (left id, right id).
+    Entries go stale as counts drop and are re-pushed with the current count when they
+    surface (counts of a pair only fall, except for pairs with a merged token, which are
+    pushed when they form).
+    """
+
+    def __init__(self, words: list[list[int]], counts: list[int]):
+        self.words, self.counts = words, counts
+        self.pair_counts: Counter = Counter()
+        self.pair_words: defaultdict = defaultdict(set)  # pair -> indices of words that may hold it
+        for index, (symbols, count) in enumerate(zip(words, counts)):
+            for pair in zip(symbols, symbols[1:]):
+                self.pair_counts[pair] += count
+                self.pair_words[pair].add(index)
+        self.heap = [(-count, a, b) for (a, b), count in self.pair_counts.items()]
+        heapq.heapify(self.heap)
+
+    def pop_most_frequent(self, min_frequency: int) -> tuple[int, int] | None:
+        """The pair to merge next, or None when none is left with min_frequency occurrences."""
+        while self.heap:
+            negative, a, b = heapq.heappop(self.heap)
+            count = self.pair_counts.get((a, b), 0)
+            if count == -negative:
+                return (a, b) if count >= min_frequency else None
+            if count > 0:  # stale: back in with its current count
+                heapq.heappush(self.heap, (-count, a, b))
+        return None
+
+    def merge(self, a: int, b: int, merged: int) -> None:
+        """Replace the pair (a, b) by the token merged in every word that holds it."""
         changed: set = set()
-        for index in sorted(pair_words.pop((a, b))):
-            symbols = words[index]
-            if not _holds(symbols, a, b):
-                continue
-            count_of_word = counts[index]
-            for pair in zip(symbols, symbols[1:]):
-                pair_counts[pair] -= count_of_word
-            symbols = words[index] = _merge(symbols, a, b, merged)
-            for pair in zip(symbols, symbols[1:]):
-                pair_counts[pair] += count_of_word
-                if merged in pair:
-                    pair_words[pair].add(index)
-                    changed.add(pair)
-        del pair_counts[(a, b)]
+        for index in sorted(self.pair_words.pop((a, b))):
+            changed |= self._merge_in_word(index, a, b, merged)
+        del self.pair_counts[(a, b)]
         for pair in sorted(changed):
-            if pair_counts[pair] > 0:
-                heapq.heappush(heap, (-pair_counts[pair], *pair))
-    return vocab
+            if self.pair_counts[pair] > 0:
+                heapq.heappush(self.heap, (-self.pair_counts[pair], *pair))
+
+    def _merge_in_word(self, index: int, a: int, b: int, merged: int) -> set:
+        """Merge in one word, moving its pair counts; returns the new pairs with merged."""
+        symbols = self.words[index]
+        if not _holds(symbols, a, b):
+            return set()
+        count = self.counts[index]
+        for pair in zip(symbols, symbols[1:]):
+            self.pair_counts[pair] -= count
+        symbols = self.words[index] = _merge(symbols, a, b, merged)
+        formed = set()
+        for pair in zip(symbols, symbols[1:]):
+            self.pair_counts[pair] += count
+            if merged in pair:
+                self.pair_words[pair].add(index)
+                formed.add(pair)
+        return formed
 
 
 def _holds(symbols: list[int], a: int, b: int) -> bool:
