@@ -280,8 +280,13 @@ def test_a_rollback_with_accumulation_skips_exactly_the_batches_since_the_checkp
     valid = eval_batches(windows[:BATCH], BATCH, 0, 0.15, tokenizer.vocab_size)
     fit(reference, clean.take(8).concatenate(clean.skip(12)), tmp_path, valid)
     assert int(trainer.step) == 8 and int(trainer.data_offset) == 4 and int(trainer.optimizer.iterations) == 8
-    rollback = next(e for e in read_events(folder) if e.get("event") == "rollback")
+    events = read_events(folder)
+    rollback = next(e for e in events if e.get("event") == "rollback")
     assert (rollback["step"], rollback["to_step"], rollback["next_batch"]) == (6, 4, 12)
+    # Step 5 was logged, then rolled back and trained again: metrics.jsonl keeps it once, and
+    # the events that say why.
+    assert [e["step"] for e in events if e.get("split") == "train"] == list(range(1, 9))
+    assert [e["event"] for e in events if "event" in e] == ["non_finite", "rollback"]
     for ours, expected, variable in zip(weights(trainer), weights(reference), trainer.model.trainable_variables):
         assert np.array_equal(ours, expected), variable.path
 

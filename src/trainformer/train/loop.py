@@ -248,6 +248,7 @@ class Trainer:
             self.step.assign(step - 1)
         back_to = int(self.step.numpy())
         self.data_offset.assign(consumed - back_to * self.config.accumulate)
+        monitor.rewind(back_to)
         monitor.record({"event": "rollback", "step": step, "to_step": back_to, "checkpoint": restored,
                         "next_batch": consumed})
         monitor.say(f"step {step}: non-finite gradient for {variables[0]}; rolled back to step {back_to}"

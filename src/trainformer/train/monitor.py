@@ -20,16 +20,22 @@ def format_duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
 
 
-def keep_records_until(path: Path, step: int) -> None:
+def keep_records_until(path: Path, step: int, keep_events: bool = False) -> None:
     """Cut metrics.jsonl back to a restored step: the records of later steps (written before a
-    crash) are written again as those steps are retrained, so each step appears once. Half a
-    line left by a crash mid-append goes too. Rewritten atomically."""
+    crash, or before a rollback) are written again as those steps are retrained, so each step
+    appears once. With keep_events the event records stay (a rollback's own non_finite and
+    rollback records say what happened at those steps). Half a line left by a crash
+    mid-append goes too. Rewritten atomically."""
     if not path.is_file():
         return
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    kept = [line for line in lines if line.endswith("\n") and json.loads(line).get("step", 0) <= step]
+    kept = [line for line in lines if line.endswith("\n") and _kept(json.loads(line), step, keep_events)]
     if kept != lines:
         write_atomic(path, "".join(kept))
+
+
+def _kept(record: dict, step: int, keep_events: bool) -> bool:
+    return record.get("step", 0) <= step or (keep_events and "event" in record)
 
 
 class Monitor:
@@ -64,6 +70,11 @@ class Monitor:
 
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
+
+    def rewind(self, step: int) -> None:
+        """A rollback to `step`: its later steps are trained again, so their records go; the
+        events (what went wrong, where to) stay."""
+        keep_records_until(self.metrics_file, step, keep_events=True)
 
     def record(self, entry: dict) -> None:
         with open(self.metrics_file, "a", encoding="utf-8") as handle:
