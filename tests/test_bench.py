@@ -13,8 +13,8 @@ from keras import ops
 
 from trainformer.config import load_config
 from trainformer.data.pipeline import pack, tokenize_documents, train_dataset
-from trainformer.ops.flops import train_flops_per_step
 from trainformer.model.layers import TransformerEncoderBlock
+from trainformer.ops.flops import train_flops_per_step
 from trainformer.tasks.mlm import MaskedLMTask, masked_lm_sums
 from trainformer.train.loop import Trainer
 from trainformer.train.optim import make_optimizer

@@ -12,8 +12,8 @@ import yaml
 
 from trainformer.config import load_config
 from trainformer.errors import UserError
-from trainformer.train.monitor import keep_records_until
 from trainformer.run_dir import RunDir, resolve_train_config
+from trainformer.train.monitor import keep_records_until
 
 
 def make_run(root, config, checkpoint=True, fingerprint="f" * 64):

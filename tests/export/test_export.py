@@ -85,9 +85,9 @@ def test_tflite_and_onnx_answer_from_the_exported_tokenizer(intent_export):
     token_ids, truncated = WordPieceTokenizer.from_files(out).encode_batch(TEXTS, metadata["max_length"])
     token_ids = np.array(token_ids, np.int32)
 
-    from ai_edge_litert.interpreter import Interpreter
     import onnxruntime
     import tensorflow as tf
+    from ai_edge_litert.interpreter import Interpreter
 
     reference = tf.saved_model.load(str(out / "saved_model")).signatures["serving_default"](text=tf.constant(TEXTS))
     lite = Interpreter(model_path=str(out / "model.tflite")).get_signature_runner()(token_ids=token_ids)

@@ -17,9 +17,9 @@ import tensorflow as tf
 from trainformer.data.classify_pipeline import encode as in_graph_encode
 from trainformer.data.recipes import read_labelled_recipe
 from trainformer.data.tokenizer import Tokenizer, frame, train_vocab
-from trainformer.tokens import SPECIAL_TOKENS
 from trainformer.export import wordpiece_tokenizer
 from trainformer.export.wordpiece_tokenizer import WordPieceTokenizer
+from trainformer.tokens import SPECIAL_TOKENS
 
 TRICKY = [
     "", "   ", "Hello World", "HeLLo, WORLD!", "iPhone 15 Pro Max", "don't stop", "U.S.A.",

@@ -15,11 +15,11 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from cli_helpers import TINY, trainformer
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
-
-from cli_helpers import TINY, trainformer
 from test_hf_import import FIXTURE, REFERENCE, TOLERANCE, copy_fixture, fixture_tensors, hidden_state_error, quiet
+
 from trainformer.config import load_config
 from trainformer.data.tokenizer import Tokenizer
 from trainformer.errors import UserError

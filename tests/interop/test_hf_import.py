@@ -17,12 +17,12 @@ from safetensors.numpy import load_file, save_file
 
 from trainformer.config import load_config
 from trainformer.data.tokenizer import Tokenizer
-from trainformer.tokens import SPECIAL_TOKENS
 from trainformer.errors import UserError
 from trainformer.interop.hf_import import import_hf_bert
 from trainformer.model.heads import build_classifier, build_masked_lm
-from trainformer.train.checkpoint import find_checkpoint, restore_model
 from trainformer.run_dir import RunDir
+from trainformer.tokens import SPECIAL_TOKENS
+from trainformer.train.checkpoint import find_checkpoint, restore_model
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "tiny-hf-bert"
 REFERENCE = np.load(FIXTURE / "reference.npz")

@@ -20,7 +20,6 @@ import tensorflow as tf
 import tensorflow_text  # noqa: F401  the SavedModel holds its tokenizer ops
 from cli_helpers import ENV, trainformer
 
-
 TEXTS = ["你好", "今天天气怎么样", "你喜欢什么电影？", "我想吃火锅", "讲个笑话吧", "早上好" * 40]  # the last is truncated
 
 

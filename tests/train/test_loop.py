@@ -13,10 +13,10 @@ import tensorflow as tf
 
 from trainformer.config import ModelConfig, TrainConfig
 from trainformer.data.pipeline import eval_batches, pack, tokenize_documents, train_dataset
-from trainformer.tokens import PAD_ID
 from trainformer.model.heads import build_classifier, build_masked_lm
 from trainformer.tasks.classify import classify_sums
 from trainformer.tasks.mlm import masked_lm_sums
+from trainformer.tokens import PAD_ID
 from trainformer.train.checkpoint import Checkpoints
 from trainformer.train.loop import NonFiniteGradients, Trainer
 from trainformer.train.monitor import Monitor

@@ -20,7 +20,6 @@ import numpy as np
 import tensorflow as tf
 
 from trainformer.data.tokenizer import Tokenizer, frame
-
 from trainformer.tokens import PAD_ID
 
 BUCKET_BATCHES = 20  # batches per chunk sorted by length: similar lengths, still a fresh mix per epoch

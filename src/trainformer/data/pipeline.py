@@ -22,7 +22,6 @@ import numpy as np
 import tensorflow as tf
 
 from trainformer.data.tokenizer import Tokenizer
-
 from trainformer.tokens import CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS
 
 NUM_SPECIAL = len(SPECIAL_TOKENS)  # ids below this are never masking targets

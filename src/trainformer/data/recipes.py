@@ -24,7 +24,6 @@ import yaml
 
 from trainformer.errors import UserError
 
-
 KINDS = ("text", "labelled", "parallel")
 
 

@@ -22,14 +22,13 @@ from pathlib import Path
 import tensorflow as tf
 
 from trainformer.data.tokenizer import SETTINGS_FILE, VOCAB_FILE
-
-from trainformer.tokens import PAD_ID
 from trainformer.errors import UserError
 from trainformer.export import parity
 from trainformer.export.convert import QUANTIZATIONS, to_onnx, to_tflite
 from trainformer.files import write_atomic
 from trainformer.run.inference import load_run
 from trainformer.run_dir import RunDir, now, package_versions
+from trainformer.tokens import PAD_ID
 
 FORMATS = ("saved_model", "tflite", "onnx")
 EXPORTABLE = ("classify", "mlm")  # seq2seq's parity (output ids, not logits) is not written yet

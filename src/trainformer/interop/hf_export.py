@@ -35,7 +35,14 @@ from trainformer.data.tokenizer import SETTINGS_FILE, VOCAB_FILE
 from trainformer.errors import UserError
 from trainformer.files import read_json
 from trainformer.interop.bert_mapping import (
-    CONFIG_KEYS, EPSILON, HF_ACTIVATIONS, TOKEN_TYPE_TABLE, TOKEN_TYPES, full_name, model_ties, zero_token_types,
+    CONFIG_KEYS,
+    EPSILON,
+    HF_ACTIVATIONS,
+    TOKEN_TYPE_TABLE,
+    TOKEN_TYPES,
+    full_name,
+    model_ties,
+    zero_token_types,
 )
 from trainformer.model.heads import build_classifier, build_masked_lm
 from trainformer.run_dir import RunDir

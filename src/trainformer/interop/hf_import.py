@@ -66,8 +66,18 @@ from trainformer.config import DataConfig, ExperimentConfig, ModelConfig, TaskCo
 from trainformer.data.tokenizer import VOCAB_FILE, Tokenizer
 from trainformer.errors import UserError
 from trainformer.interop.bert_mapping import (
-    CONFIG_KEYS, HIDDEN_ACTS, OUTPUT_BIAS, POSITIONS, TOKEN_TYPE_TABLE, WORDS, Tie, encoder_ties, fold_token_types,
-    full_name, mlm_head_ties, pooler_ties,
+    CONFIG_KEYS,
+    HIDDEN_ACTS,
+    OUTPUT_BIAS,
+    POSITIONS,
+    TOKEN_TYPE_TABLE,
+    WORDS,
+    Tie,
+    encoder_ties,
+    fold_token_types,
+    full_name,
+    mlm_head_ties,
+    pooler_ties,
 )
 from trainformer.interop.hf_folder import Source, read_source
 from trainformer.interop.run_writer import check_new_run_dir, write_run

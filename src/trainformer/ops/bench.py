@@ -28,12 +28,12 @@ from trainformer.data.pipeline import NUM_SPECIAL, distribute, mask_batch, split
 from trainformer.errors import UserError
 from trainformer.ops.flops import train_flops_per_step
 from trainformer.ops.peak import matmul_gflops
+from trainformer.run.session import build_trainer
+from trainformer.run_dir import RunDir
 from trainformer.tasks import load_source, task_for
 from trainformer.tasks.mlm import MaskedLMTask
 from trainformer.train.loop import Trainer
 from trainformer.train.precision import resolved
-from trainformer.run_dir import RunDir
-from trainformer.run.session import build_trainer
 from trainformer.train.strategy import configure_devices, describe_devices, make_strategy
 
 SYNTHETIC_BATCHES = 8  # distinct batches replayed: enough that no step sees the same masks twice in a row

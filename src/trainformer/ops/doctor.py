@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trainformer.train.precision import BF16_CPU_FEATURES, choose_precision, cpu_flags, read_cpuinfo
 from trainformer.run_dir import package_versions
+from trainformer.train.precision import BF16_CPU_FEATURES, choose_precision, cpu_flags, read_cpuinfo
 
 PACKAGES = ("trainformer", "tensorflow", "keras", "tensorflow-text")  # the stack a report names
 MIN_FREE_GIB = 10  # a zh-bert-80m run keeps 3 checkpoints of ~1 GB plus its token cache

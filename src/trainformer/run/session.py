@@ -21,17 +21,22 @@ import tensorflow as tf
 from trainformer.config import ExperimentConfig
 from trainformer.data.pipeline import distribute
 from trainformer.errors import TrainingError, UserError
-from trainformer.tasks import task_for
 from trainformer.run.attention import AttentionSnapshot, sentence_from_windows
+from trainformer.run_dir import RunDir, environment, now
+from trainformer.tasks import task_for
 from trainformer.train.checkpoint import Checkpoints, restore_pretrained, weights_digest
 from trainformer.train.loop import Trainer
 from trainformer.train.monitor import Monitor, format_duration
 from trainformer.train.optim import make_optimizer
 from trainformer.train.precision import resolved
 from trainformer.train.prometheus import PrometheusExporter
-from trainformer.run_dir import RunDir, environment, now
 from trainformer.train.strategy import (
-    barrier, configure_devices, describe_devices, is_chief, is_multi_worker, make_strategy,
+    barrier,
+    configure_devices,
+    describe_devices,
+    is_chief,
+    is_multi_worker,
+    make_strategy,
 )
 
 

@@ -14,8 +14,8 @@ import os
 import sys
 
 from trainformer.config import ExperimentConfig
-from trainformer.tasks import load_source
 from trainformer.run_dir import RunDir
+from trainformer.tasks import load_source
 
 
 def writes_run_dir() -> bool:

@@ -13,15 +13,15 @@ from trainformer.config import ExperimentConfig
 from trainformer.data.classify_pipeline import cache_file, cached_encode, eval_batches, load_cached, train_dataset
 from trainformer.data.labelled import LabelledCorpus
 from trainformer.data.tokenizer import Tokenizer, frame
-from trainformer.tokens import PAD_ID
 from trainformer.errors import UserError
 from trainformer.files import write_atomic
+from trainformer.images import colorize, plain_font
 from trainformer.model.heads import build_classifier
+from trainformer.run_dir import RunDir
 from trainformer.tasks import dtype_policy
 from trainformer.tasks.serving import TEXT, TaskServing
 from trainformer.tasks.vocabulary import run_vocabulary
-from trainformer.images import colorize, plain_font
-from trainformer.run_dir import RunDir
+from trainformer.tokens import PAD_ID
 
 SPLITS = ("train", "valid", "test")
 LABELS_FILE = "labels.json"

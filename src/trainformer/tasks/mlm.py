@@ -11,16 +11,21 @@ import tensorflow as tf
 from trainformer.config import ExperimentConfig
 from trainformer.data.corpus import Corpus
 from trainformer.data.pipeline import (
-    cache_file, cached_token_stream, eval_batches, most_frequent_token, pack, train_dataset,
+    cache_file,
+    cached_token_stream,
+    eval_batches,
+    most_frequent_token,
+    pack,
+    train_dataset,
 )
 from trainformer.data.tokenizer import Tokenizer, frame
-from trainformer.tokens import MASK_ID, PAD_ID, SPECIAL_TOKENS
 from trainformer.errors import UserError
 from trainformer.model.heads import build_masked_lm
+from trainformer.run_dir import RunDir
 from trainformer.tasks import dtype_policy
 from trainformer.tasks.serving import TEXT, TaskServing
 from trainformer.tasks.vocabulary import run_vocabulary
-from trainformer.run_dir import RunDir
+from trainformer.tokens import MASK_ID, PAD_ID, SPECIAL_TOKENS
 
 EVAL_SEED = 20260101  # fixed: every eval of every run scores the same valid targets
 TOP_K = 5  # candidates `predict` prints for each [MASK]

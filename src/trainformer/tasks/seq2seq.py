@@ -16,18 +16,24 @@ import tensorflow as tf
 
 from trainformer.config import ExperimentConfig
 from trainformer.data.parallel import ParallelCorpus
-from trainformer.data.seq2seq_pipeline import cached_encode_pairs, eval_batches, load_cached_pairs, pairs_cache_file, train_dataset
+from trainformer.data.seq2seq_pipeline import (
+    cached_encode_pairs,
+    eval_batches,
+    load_cached_pairs,
+    pairs_cache_file,
+    train_dataset,
+)
 from trainformer.data.tokenizer import Tokenizer, frame
-from trainformer.tokens import PAD_ID
 from trainformer.errors import UserError
 from trainformer.files import write_atomic
 from trainformer.model import search
 from trainformer.model.seq2seq import build_seq2seq
+from trainformer.run_dir import RunDir
 from trainformer.tasks import dtype_policy
 from trainformer.tasks.serving import TEXT, TaskServing
 from trainformer.tasks.text_scores import text_scores
 from trainformer.tasks.vocabulary import run_vocabulary
-from trainformer.run_dir import RunDir
+from trainformer.tokens import PAD_ID
 
 SPLITS = ("train", "valid", "test")
 HELD_OUT = ("valid", "test")
