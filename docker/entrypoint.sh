@@ -49,6 +49,23 @@ write_authorized_keys() {
     [[ -s "$SSH_DIR/authorized_keys" ]]
 }
 
+# sshd starts its sessions with an environment of its own (PATH=/usr/local/bin:/usr/bin:/bin:...,
+# no /opt/venv/bin: `ssh HOST trainformer` would not be found), and without PAM /etc/environment
+# is never read. SetEnv lines pass this container's settings on: PATH, the locale, and the
+# TRAINFORMER_*, TF_*, CUDA_VISIBLE_DEVICES, NVIDIA_*, PIP_* and PYTHON* variables (the image's
+# ENV and `docker run -e`). A value sshd could not read back (a quote, a backslash) is left out.
+# One line: sshd takes the first SetEnv line and ignores any other.
+session_environment() {
+    local name line=""
+    for name in $(compgen -e); do
+        [[ "$name" =~ ^(PATH|LANG|LC_ALL|CUDA_VISIBLE_DEVICES|(TRAINFORMER|TF|NVIDIA|PIP)_[A-Z0-9_]+|PYTHON[A-Z0-9_]+)$ ]] \
+            || continue
+        case "${!name}" in *[\"\\]* | *$'\n'*) continue ;; esac
+        line+=" \"$name=${!name}\""
+    done
+    [[ -z "$line" ]] || echo "SetEnv$line"
+}
+
 # A host key (kept across restarts when SSHD_DIR is a volume) and an sshd_config for an sshd
 # that runs as this user: only this user can log in, and only with a key.
 write_sshd_config() {
@@ -74,6 +91,7 @@ UsePAM no
 X11Forwarding no
 PrintMotd no
 Subsystem sftp internal-sftp
+$(session_environment)
 EOF
 }
 

@@ -5,7 +5,10 @@ token and sshd with public keys only, and both stop on SIGTERM."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
 import os
+import platform
 import re
 import shlex
 import shutil
@@ -22,6 +25,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
+
+from trainformer.ops.doctor import read_pins
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "docker" / "Dockerfile"
@@ -55,11 +61,76 @@ def test_dockerfile_passes_hadolint():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_gpu_base_is_the_cuda_tensorflow_was_built_for():
-    import tensorflow as tf
+def stages(steps: list[str]) -> dict[str, str]:
+    """stage name -> what it is built FROM, for `FROM image AS name` steps."""
+    return {words[3]: words[1] for words in (step.split() for step in steps)
+            if words[0] == "FROM" and len(words) == 4 and words[2].upper() == "AS"}
 
-    cuda = tf.sysconfig.get_build_info()["cuda_version"]  # e.g. 12.5.1
-    assert f"FROM nvidia/cuda:{cuda}-cudnn-runtime-ubuntu22.04 AS base-gpu" in instructions(DOCKERFILE)
+
+def test_both_variants_take_python_from_the_official_image_new_enough_for_every_pin():
+    """A distribution's python3.11 stays at its release (Ubuntu 22.04: 3.11.0, Debian 12: 3.11.2)
+    while the pins need more (soupsieve 4.1.3: >= 3.11.5); the official image's X.Y tag follows the
+    newest X.Y patch release. The Python of this venv (the one the tests run on) stands in for it."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    steps = instructions(DOCKERFILE)
+    built_from = stages(steps)
+    minor = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert built_from["python"] == f"python:{minor}-slim-bookworm"  # a floating X.Y tag, not a frozen patch
+    assert built_from["base-gpu"] == built_from["base-cpu"] == "python"
+    assert not [step for step in steps if re.search(r"apt-get install.*\bpython3", step)]
+    floors = {}
+    for name, pin in read_pins(REPO / "constraints.txt").items():
+        try:
+            requires = importlib.metadata.metadata(name)["Requires-Python"]
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if requires:
+            assert Version(platform.python_version()) in SpecifierSet(requires), (name, pin, requires)
+            floors[name] = requires
+    assert any("3.11.5" in spec for spec in floors.values())  # the pin that rules a distribution's 3.11 out
+
+
+def test_gpu_variant_gets_the_cuda_tensorflow_was_built_for_from_its_wheels():
+    """No CUDA base image: the gpu extra is tensorflow[and-cuda], whose wheels bring CUDA and cuDNN
+    in the versions TensorFlow pins, matching its build; the NVIDIA Container Toolkit brings the driver."""
+    import tensorflow as tf
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    build = tf.sysconfig.get_build_info()  # e.g. cuda_version 12.5.1, cudnn_version 9
+    gpu_extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
+    assert [Requirement(r).extras for r in gpu_extra] == [{"and-cuda"}]
+    wheels = {req.name: req.specifier for req in map(Requirement, importlib.metadata.requires("tensorflow"))
+              if req.marker and req.marker.evaluate({"extra": "and-cuda"})}
+    cuda = Version(build["cuda_version"])
+    assert Version(f"{cuda.major}.{cuda.minor}.999") in wheels["nvidia-cuda-runtime-cu12"]
+    assert Version(f"{build['cudnn_version']}.99") in wheels["nvidia-cudnn-cu12"]
+    assert not [image for image in stages(instructions(DOCKERFILE)).values() if image.startswith("nvidia/")]
+
+
+def test_the_legacy_builder_can_build_it():
+    """No BuildKit-only syntax (DOCKER_BUILDKIT=0 rejects `COPY --chmod`, `RUN --mount`, heredocs)."""
+    steps = instructions(DOCKERFILE)
+    for step in steps:
+        keyword, *words = shlex.split(step.replace("'", "").replace('"', ""))  # flags only: quotes do not matter
+        flags = [word.split("=")[0] for word in words if word.startswith("--")]
+        if keyword in ("COPY", "ADD"):
+            assert set(flags) <= {"--chown", "--from"}, step
+        if keyword == "RUN":
+            assert not step.startswith("RUN --"), step
+        assert not re.match(r"(RUN|COPY)\s+<<", step), step
+    assert any(step.startswith("RUN chmod 755 /usr/local/bin/trainformer-entrypoint") for step in steps)
+
+
+def test_doctor_in_the_image_finds_its_constraints():
+    """TRAINFORMER_CONSTRAINTS names the file that the dependency layer installs from."""
+    steps = instructions(DOCKERFILE)
+    copy = steps.index("COPY pyproject.toml constraints.txt ./")
+    workdir = [step.split()[1] for step in steps[:copy] if step.startswith("WORKDIR")][-1]
+    env = " ".join(step for step in steps if step.startswith("ENV"))
+    assert f"TRAINFORMER_CONSTRAINTS={workdir}/constraints.txt" in env.split()
 
 
 @pytest.mark.parametrize("extras", ["gpu", ""])
@@ -213,7 +284,8 @@ def test_sshd_accepts_public_keys_only(ssh_home, tmp_path):
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "client")], check=True)
     public_key = (tmp_path / "client.pub").read_text().strip()
     port = free_port()
-    env = entrypoint_env(home, SSH_PORT=str(port), SSH_LISTEN="127.0.0.1", SSH_AUTHORIZED_KEYS=public_key)
+    env = entrypoint_env(home, SSH_PORT=str(port), SSH_LISTEN="127.0.0.1", SSH_AUTHORIZED_KEYS=public_key,
+                         TRAINFORMER_CONSTRAINTS="/opt/trainformer/constraints.txt")
     log = tmp_path / "sshd.log"
     process = start(["ssh"], env, log, user, entrypoint, cwd=home.parent)
     try:
@@ -232,6 +304,11 @@ def test_sshd_accepts_public_keys_only(ssh_home, tmp_path):
         assert settings["passwordauthentication"] == "no" and settings["kbdinteractiveauthentication"] == "no"
         assert settings["permitrootlogin"] == "no" and settings["pubkeyauthentication"] == "yes"
         assert settings["port"] == str(port)
+        # Sessions get the container's PATH and settings, not sshd's own (`ssh HOST trainformer`).
+        setenv = [line.split(" ", 1)[1] for line in effective.splitlines() if line.startswith("setenv ")]
+        assert f"PATH={env['PATH']}" in setenv
+        assert "TRAINFORMER_CONSTRAINTS=/opt/trainformer/constraints.txt" in setenv
+        assert not [variable for variable in setenv if variable.startswith(("SSH_", "HOME=", "JUPYTER"))]
         keys = home / ".ssh" / "authorized_keys"
         assert keys.read_text() == public_key + "\n"
         assert stat.S_IMODE(keys.stat().st_mode) == 0o600 and stat.S_IMODE(keys.parent.stat().st_mode) == 0o700
@@ -262,3 +339,78 @@ def test_other_verbs_reach_trainformer(tmp_path):
     assert usage.returncode == 0
     assert [line.split()[0] for line in usage.stdout.splitlines()[3:]] == [
         "jupyter", "ssh", "tensorboard", "bash", "help", "anything"]
+
+
+# --- compose --------------------------------------------------------------------------------
+
+COMPOSE = REPO / "docker" / "compose.yaml"
+COMPOSE_CPU = REPO / "docker" / "compose.cpu.yaml"
+
+
+class ComposeLoader(yaml.SafeLoader):
+    """YAML as Compose reads it: `!reset` marks an attribute that an override file removes."""
+
+
+RESET = object()
+ComposeLoader.add_constructor("!reset", lambda loader, node: RESET)
+
+
+def merge(base, override, key: str = ""):
+    """Compose's merge of two files (its spec's rules): mappings merge, sequences append (command
+    and entrypoint replace), scalars replace, and !reset removes."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        merged = dict(base)
+        for name, value in override.items():
+            if value is RESET:
+                merged.pop(name, None)
+            else:
+                merged[name] = merge(base[name], value, name) if name in base else value
+        return merged
+    if isinstance(base, list) and isinstance(override, list) and key not in ("command", "entrypoint"):
+        return base + override
+    return override
+
+
+def load_compose(path: Path) -> dict:
+    return yaml.load(path.read_text(), Loader=ComposeLoader)
+
+
+def test_cpu_override_builds_the_cpu_image_without_the_gpu_reservation():
+    gpu = load_compose(COMPOSE)
+    cpu = merge(gpu, load_compose(COMPOSE_CPU))
+    built = [name for name, service in gpu["services"].items() if "build" in service]
+    assert built == ["train", "tensorboard", "serve"]
+    assert gpu["services"]["train"]["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+    assert set(load_compose(COMPOSE_CPU)["services"]) == set(built)  # it adds no service
+    for name, service in cpu["services"].items():
+        assert "deploy" not in service, name
+        if name in built:
+            assert service["image"] == "trainformer:cpu" and service["build"]["args"] == {"VARIANT": "cpu"}
+            # everything else as in compose.yaml: the same command, volumes, ports, context
+            unchanged = {key: value for key, value in gpu["services"][name].items() if key not in ("image", "deploy")}
+            assert {key: service[key] for key in unchanged if key != "build"} == {
+                key: value for key, value in unchanged.items() if key != "build"}
+            assert service["build"]["context"] == gpu["services"][name]["build"]["context"]
+    readme = (REPO / "README.md").read_text()
+    assert "docker compose -f docker/compose.yaml -f docker/compose.cpu.yaml up" in readme
+
+
+def compose_command() -> list[str] | None:
+    for command in (["docker", "compose"], ["docker-compose"]):
+        if shutil.which(command[0]) and subprocess.run([*command, "version"], capture_output=True).returncode == 0:
+            return command
+    return None
+
+
+def test_compose_reads_the_cpu_override_as_the_test_above_does():
+    """Compose itself, where there is one (`config` needs no daemon): the same merge."""
+    command = compose_command()
+    if command is None:
+        pytest.skip("no docker compose / docker-compose here")
+    result = subprocess.run([*command, "-f", str(COMPOSE), "-f", str(COMPOSE_CPU), "config", "--format", "json"],
+                            capture_output=True, text=True, cwd=REPO, env={**os.environ, "TRAINFORMER_VARIANT": ""})
+    assert result.returncode == 0, result.stderr
+    services = json.loads(result.stdout)["services"]
+    assert {name: service.get("image") for name, service in services.items() if "build" in service} == {
+        "train": "trainformer:cpu", "tensorboard": "trainformer:cpu", "serve": "trainformer:cpu"}
+    assert not [name for name, service in services.items() if "deploy" in service]

@@ -232,3 +232,19 @@ def test_bf16_speed_is_what_the_self_test_measured_not_a_canned_ratio():
     assert "  bf16               no AVX512-BF16/AMX; measured bf16 42.2 vs fp32 44.0 GFLOP/s (0.96x)" in report
     cpu["bf16"]["gflops"] = None  # no bf16 kernel on this device
     assert "  bf16               no AVX512-BF16/AMX; no bf16 matmul kernel here" in format_report(facts)
+
+
+def test_constraints_named_by_the_environment_win(tmp_path, monkeypatch):
+    """The Docker image is no source checkout: it names its copy of constraints.txt in
+    TRAINFORMER_CONSTRAINTS, and doctor checks the versions against it."""
+    pins = tmp_path / "constraints.txt"
+    pins.write_text("tensorflow==2.20.0\n")
+    monkeypatch.setenv("TRAINFORMER_CONSTRAINTS", str(pins))
+    assert find_constraints() == pins
+    versions = probe_versions(find_constraints())
+    assert versions["constraints"] == str(pins) and versions["pinned"] == 1
+    assert versions["mismatches"]["tensorflow"]["pinned"] == "2.20.0"
+    monkeypatch.setenv("TRAINFORMER_CONSTRAINTS", str(tmp_path / "missing.txt"))  # no such file: the checkout's
+    assert find_constraints() == REPO / "constraints.txt"
+    monkeypatch.setenv("TRAINFORMER_CONSTRAINTS", "")
+    assert find_constraints() == REPO / "constraints.txt"

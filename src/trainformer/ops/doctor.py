@@ -55,8 +55,13 @@ def check(run_dir: Path) -> dict:
 
 
 def find_constraints() -> Path | None:
-    """The repository's constraints.txt when trainformer runs from its source tree (src layout);
-    None when it was installed from a wheel, which carries no pins."""
+    """The pins to check versions against: the file TRAINFORMER_CONSTRAINTS names (the Docker
+    image sets it to its copy, /opt/trainformer/constraints.txt), else the repository's
+    constraints.txt when trainformer runs from its source tree (src layout); None when neither
+    exists (installed from a wheel, which carries no pins, or the variable names no file)."""
+    named = os.environ.get("TRAINFORMER_CONSTRAINTS")
+    if named and Path(named).is_file():
+        return Path(named)
     source = Path(__file__).resolve().parents[2]  # src/ in a checkout
     root = source.parent
     if source.name == "src" and (root / "pyproject.toml").is_file() and (root / "constraints.txt").is_file():
