@@ -144,10 +144,10 @@ def test_predict_warns_when_the_mlm_head_is_untrained_and_accepts_mask_in_any_ca
 # --- export -------------------------------------------------------------------------------------
 
 def test_export_metadata_names_its_run_portably(intent_export):
-    run_dir, export_dir, _ = intent_export  # conftest: root/run exported to root/intent
+    run_dir, export_dir = intent_export.run_dir, intent_export.version_dir  # conftest: root/run -> root/intent/20
     text = (export_dir / "metadata.json").read_text()
     metadata = json.loads(text)
-    assert metadata["run"] == "run" and metadata["run_dir"] == "../run"
+    assert metadata["run"] == "run" and metadata["run_dir"] == "../../run"
     assert (export_dir / metadata["run_dir"]).resolve() == run_dir.resolve()
     assert metadata["checkpoint"] == f"checkpoints/ckpt-{metadata['step']}"
     assert str(run_dir.parent) not in text  # no absolute path of this machine

@@ -1,14 +1,17 @@
 """Write a run's model as deployable artifacts, each checked against the Keras model.
 
-    OUT/saved_model/        TF Serving: serving_default (text in) and serve_ids (ids in)
-    OUT/model.tflite        LiteRT, ids in (+ model_dynamic.tflite, model_float16.tflite)
-    OUT/model.onnx          onnxruntime, ids in
-    OUT/vocab.txt, tokenizer.json, tokenizer.py   ids for the TFLite and ONNX models
-    OUT/metadata.json       run (name, path from OUT), step, task, labels, vocabulary hash, versions, parity
+    BASE/<version>/                       one version, TF Serving's layout (export/versions.py)
+        saved_model.pb, variables/, assets/   the SavedModel: serving_default (text in), serve_ids (ids in)
+        model.tflite                      LiteRT, ids in (+ model_dynamic.tflite, model_float16.tflite)
+        model.onnx                        onnxruntime, ids in
+        vocab.txt, tokenizer.json, tokenizer.py   ids for the TFLite and ONNX models
+        metadata.json                     run (name, path from the version), step, version, task, parity, ...
 
-The artifacts are written into a staging folder next to OUT that replaces OUT only when all
-of them are written and checked: a crash never leaves a half export, and never loses the
-previous one.
+version = the checkpoint's step unless given. The artifacts are written into BASE/.<version>.partial
+and renamed to BASE/<version> only when all of them are written and pass parity: a crash (or a
+failed parity check) never leaves a half or a wrong version where a server would load it, and
+never touches the versions already there. Seq2seq runs export the SavedModel only: their
+answer is a search loop over the decoder, which TFLite and ONNX would not run as the graph does.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import tensorflow as tf
 
 from trainformer.data.tokenizer import SETTINGS_FILE, VOCAB_FILE
 from trainformer.errors import UserError
-from trainformer.export import parity
+from trainformer.export import parity, versions
 from trainformer.export.convert import QUANTIZATIONS, to_onnx, to_tflite
 from trainformer.files import write_atomic
 from trainformer.run.inference import load_run
@@ -31,47 +34,93 @@ from trainformer.run_dir import RunDir, now, package_versions
 from trainformer.tokens import PAD_ID
 
 FORMATS = ("saved_model", "tflite", "onnx")
-EXPORTABLE = ("classify", "mlm")  # seq2seq's parity (output ids, not logits) is not written yet
+TASK_FORMATS = {"classify": FORMATS, "mlm": FORMATS, "seq2seq": ("saved_model",)}
+# Why seq2seq has no TFLite or ONNX: what `export --format tflite` of such a run says.
+SEQ2SEQ_ONLY_SAVED_MODEL = ("its answer is the beam search looping over the decoder inside the graph, and no TFLite "
+                            "or ONNX form of that loop is checked token for token against predict; use "
+                            "--format saved_model")
 METADATA_FILE = "metadata.json"
 TOKENIZER_SCRIPT = Path(__file__).with_name("wordpiece_tokenizer.py")  # stdlib only: runs anywhere
 VERSIONS = ("trainformer", "tensorflow", "tensorflow-text", "keras", "tf2onnx", "onnxruntime", "ai-edge-litert")
 
 
-def export_run(run_dir: Path, out: Path | None = None, formats=FORMATS, which: str = "latest",
-               quantize=(), say=print) -> dict:
-    """Export a run's latest or best checkpoint into out (default RUN_DIR/export); returns
-    the metadata written to out/metadata.json, parity figures included."""
+def export_run(run_dir: Path, out: Path | None = None, formats=None, which: str = "latest", quantize=(),
+               say=print, version: int | None = None, keep: int | None = None, overrides=()) -> dict:
+    """Export a run's latest or best checkpoint as version `version` (default: its step) of
+    the export base `out` (default RUN_DIR/export); `keep` prunes all but the newest versions
+    after it; `overrides` (decode.KEY=VALUE) decode a seq2seq run otherwise than it trained.
+    formats=None: every format the task has. Returns the metadata written to metadata.json,
+    parity figures included; a version that fails parity is not published (see above)."""
+    run_dir = Path(run_dir)
+    base = Path(out) if out else run_dir / "export"
+    task_type = RunDir(run_dir).load_config().task.type
+    formats = TASK_FORMATS.get(task_type, FORMATS) if formats is None else tuple(formats)
+    _check_request(task_type, formats, quantize, version, keep, overrides)
+    versions.check_base(base)
+    task, model, checkpoint, step = load_run(run_dir, which, precision="fp32", overrides=overrides)
+    version = step if version is None else version
+    versions.check_version(base, version)
+    serving = task.serving(model)
+    staging = versions.staging(base, version)
+    files = _write_artifacts(serving, run_dir / "tokenizer", staging, formats, quantize, say)
+    _copy_tokenizer(run_dir / "tokenizer", staging)
+    say("parity: every artifact against what trainformer answers, on held-out data")
+    checked = parity.check(task, serving, staging, files)
+    metadata = _metadata(task, serving, run_dir, base / str(version), checkpoint, step, version, files, checked)
+    write_atomic(staging / METADATA_FILE, json.dumps(metadata, indent=2, ensure_ascii=False) + "\n")
+    say("\n".join(parity.report_lines(checked)))
+    if parity.failures(checked, tuple(quantize)):  # the caller says which and exits 1
+        say(f"version {version} not published: it stays in {staging} (the next export of it replaces it)")
+    else:
+        _publish(staging, base, version, step, keep, say)
+    return metadata
+
+
+def _publish(staging: Path, base: Path, version: int, step: int, keep: int | None, say) -> None:
+    """The checked version into BASE, where servers pick it up; then --keep's pruning."""
+    folder = versions.publish(staging, base, version)
+    say(f"exported step {step} as version {version}: {folder}")
+    removed = versions.prune(base, keep, version) if keep else []
+    if removed:
+        say(f"removed version{'s' if len(removed) > 1 else ''} {', '.join(map(str, removed))} (--keep {keep})")
+
+
+def _check_request(task_type: str, formats, quantize, version, keep, overrides) -> None:
+    """Every refusal that needs no model: before minutes of loading and converting."""
     _check_choices("--format", formats, FORMATS)
     _check_choices("--quantize", quantize, QUANTIZATIONS)
     if quantize and "tflite" not in formats:
         raise UserError("--quantize makes quantized TFLite models: add tflite to --format")
-    out = Path(out) if out else Path(run_dir) / "export"
-    _check_out(out)
-    task_type = RunDir(Path(run_dir)).load_config().task.type
-    if task_type not in EXPORTABLE:
-        raise UserError(f"export: {run_dir} is a {task_type} run; export handles {' and '.join(EXPORTABLE)} runs "
-                        f"(use trainformer predict for its answers)")
-    task, model, checkpoint, step = load_run(Path(run_dir), which, precision="fp32")
-    serving = task.serving(model)
-    staging = out.with_name(f".{out.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)  # a crashed export's leftovers
-    staging.mkdir(parents=True)
-    files = _write_artifacts(serving, staging, formats, quantize, say)
-    _copy_tokenizer(Path(run_dir) / "tokenizer", staging)
-    say("parity: every artifact against the Keras model on held-out data")
-    checked = parity.check(task, serving, staging, files)
+    if task_type not in TASK_FORMATS:
+        raise UserError(f"export: a {task_type} run; export handles {', '.join(TASK_FORMATS)} runs")
+    refused = [name for name in formats if name not in TASK_FORMATS[task_type]]
+    if refused:
+        raise UserError(f"--format {','.join(refused)}: a {task_type} run exports as a SavedModel only: "
+                        f"{SEQ2SEQ_ONLY_SAVED_MODEL}")
+    for option, value in (("--version", version), ("--keep", keep)):
+        if value is not None and value < 1:
+            raise UserError(f"{option} {value}: must be a positive integer")
+    for item in overrides:
+        if not item.partition("=")[0].strip().startswith("decode."):
+            raise UserError(f"--set {item}: export changes only how a seq2seq run decodes (decode.beam_size, "
+                            f"decode.max_length, decode.strategy, decode.length_penalty)")
+    if overrides and task_type != "seq2seq":
+        raise UserError(f"--set {overrides[0]}: this is a {task_type} run; only seq2seq runs decode")
+
+
+def _metadata(task, serving, run_dir: Path, folder: Path, checkpoint: str, step: int, version: int, files: dict,
+              checked: dict) -> dict:
+    """What metadata.json says about a version (paths relative to the version folder)."""
     metadata = {
-        "task": task.config.task.type, **run_reference(Path(run_dir), out, checkpoint),
-        "step": step, "labels": getattr(task, "labels", None), "max_length": task.config.data.seq_len,
-        "pad_id": PAD_ID, "vocab_size": task.tokenizer.vocab_size, "vocab_sha256": task.tokenizer.vocab_hash,
-        "lowercase": task.tokenizer.lowercase, "files": files, "signatures": _describe(serving.exported_functions()),
-        "parity": checked, "versions": package_versions(VERSIONS), "created_at": now(),
+        "task": task.config.task.type, **run_reference(run_dir, folder, checkpoint),
+        "step": step, "version": version, "labels": getattr(task, "labels", None),
+        "max_length": task.config.data.seq_len, "pad_id": PAD_ID, "vocab_size": task.tokenizer.vocab_size,
+        "vocab_sha256": task.tokenizer.vocab_hash, "lowercase": task.tokenizer.lowercase, "files": files,
+        "signatures": _describe(serving.exported_functions()),
     }
-    write_atomic(staging / METADATA_FILE, json.dumps(metadata, indent=2, ensure_ascii=False) + "\n")
-    _replace(out, staging)
-    say("\n".join(parity.report_lines(checked)))
-    say(f"exported step {step} to {out}")
-    return metadata
+    if hasattr(task, "decode_settings"):
+        metadata["decode"] = task.decode_settings()  # the run's, or as --set changed them
+    return {**metadata, "parity": checked, "versions": package_versions(VERSIONS), "created_at": now()}
 
 
 def run_reference(run_dir: Path, out: Path, checkpoint: str) -> dict:
@@ -89,14 +138,9 @@ def _check_choices(option: str, given, allowed) -> None:
         raise UserError(f"{option}: unknown {', '.join(unknown)} (choose from {', '.join(allowed)})")
 
 
-def _check_out(out: Path) -> None:
-    """OUT may be new, empty, or an earlier export (replaced): never anything else."""
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / METADATA_FILE).is_file())):
-        raise UserError(f"--out {out}: exists and is not a trainformer export; choose a new or empty directory")
-
-
-def _write_artifacts(serving, folder: Path, formats, quantize, say) -> dict[str, str]:
-    """Each requested format into folder; returns artifact name -> file name."""
+def _write_artifacts(serving, tokenizer_dir: Path, folder: Path, formats, quantize, say) -> dict[str, str]:
+    """Each requested format into folder; returns artifact name -> file name. The SavedModel
+    goes first, into the empty folder itself: TF Serving loads a version folder as it is."""
     files = {}
 
     def timed(name: str, file: str, write) -> None:
@@ -107,8 +151,7 @@ def _write_artifacts(serving, folder: Path, formats, quantize, say) -> dict[str,
             f"({time.perf_counter() - started:.1f}s)")
 
     if "saved_model" in formats:
-        timed("saved_model", "saved_model", lambda path: tf.saved_model.save(serving, str(path),
-                                                                             signatures=serving.exported_functions()))
+        timed("saved_model", "saved_model.pb", lambda path: _save(serving, tokenizer_dir, path.parent))
     if "tflite" in formats:
         timed("tflite", "model.tflite", lambda path: to_tflite(serving, path))
         for quantization in quantize:
@@ -117,6 +160,14 @@ def _write_artifacts(serving, folder: Path, formats, quantize, say) -> dict[str,
     if "onnx" in formats:
         timed("onnx", "model.onnx", lambda path: to_onnx(serving, path))
     return files
+
+
+def _save(serving, tokenizer_dir: Path, folder: Path) -> None:
+    """The SavedModel, its vocabulary in assets/. The graph holds the vocabulary already (the
+    tokenizer's op is built from it); the asset is for whoever reads the version folder alone,
+    as TF Serving users expect assets/ to hold what the model reads."""
+    serving.vocabulary = tf.saved_model.Asset(str(tokenizer_dir / VOCAB_FILE))
+    tf.saved_model.save(serving, str(folder), signatures=serving.exported_functions())
 
 
 def _copy_tokenizer(tokenizer_dir: Path, folder: Path) -> None:
@@ -136,13 +187,3 @@ def _describe(signatures: dict) -> dict:
         described[name] = {"inputs": {s.name: spec(s) for s in function.input_signature},
                            "outputs": {key: spec(value) for key, value in sorted(concrete.structured_outputs.items())}}
     return described
-
-
-def _replace(out: Path, staging: Path) -> None:
-    """staging becomes out; an earlier export is moved aside first and removed last."""
-    old = out.with_name(f".{out.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if out.exists():
-        out.rename(old)
-    staging.rename(out)
-    shutil.rmtree(old, ignore_errors=True)

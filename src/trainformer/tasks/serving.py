@@ -1,6 +1,7 @@
 """What every task's serving module shares: a run's model and tokenizer as in-graph functions.
 
-A task's module (ClassifyServing, FillMaskServing) defines three tf.functions and one method:
+A task's module (ClassifyServing, FillMaskServing, Seq2SeqServing) defines three tf.functions
+and one method:
 
     encode(text)   texts -> (the ids signature's inputs, truncated), as training encodes
     ids(...)       the ids-in answer: the SavedModel's serve_ids, the TFLite and ONNX models

@@ -60,7 +60,7 @@ def edges():
 
 def test_every_module_is_on_a_floor():
     units = {unit("trainformer." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts)) for p in PACKAGE.rglob("*.py")}
-    assert units <= set().union(*FLOORS), f"put these on a floor in tests/test_layers.py: {units - set().union(*FLOORS)}"
+    assert units <= set().union(*FLOORS), f"put these on a floor in tests/test_import_direction.py: {units - set().union(*FLOORS)}"
 
 
 def test_imports_only_go_down():
