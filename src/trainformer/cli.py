@@ -74,16 +74,24 @@ def add_predict(verb) -> None:
 
 
 def add_export(verb) -> None:
-    export = verb("export", help="write a run's model as a SavedModel (text in), TFLite and ONNX, checked for parity")
+    export = verb("export", help="add a version of a run's model to an export base, in TF Serving's layout: a "
+                                 "SavedModel (text in), TFLite and ONNX, checked for parity")
     export.add_argument("run_dir", type=Path, help="a run directory written by train (or import hf)")
-    export.add_argument("--format", default="saved_model,tflite,onnx", metavar="F[,F]",
-                        help="comma-separated: saved_model, tflite, onnx (default: all three); or hf alone: a "
-                             "Hugging Face BERT folder (default --out RUN_DIR/hf)")
-    export.add_argument("--out", type=Path, help="the export directory (default: RUN_DIR/export; an earlier "
-                                                 "export there is replaced)")
+    export.add_argument("--format", metavar="F[,F]",
+                        help="comma-separated: saved_model, tflite, onnx (default: all three; a seq2seq run: "
+                             "saved_model); or hf alone: a Hugging Face BERT folder (default --out RUN_DIR/hf)")
+    export.add_argument("--out", type=Path, metavar="BASE",
+                        help="the export base folder, TF Serving's model base path: each export adds a version "
+                             "folder BASE/<version> (default: RUN_DIR/export)")
+    export.add_argument("--version", type=int, metavar="N",
+                        help="the version's number (default: the checkpoint's step); versions are never replaced")
+    export.add_argument("--keep", type=int, metavar="N", help="then remove all but the N newest versions of BASE")
     export.add_argument("--checkpoint", **CHECKPOINT_CHOICE)
     export.add_argument("--quantize", default="", metavar="Q[,Q]",
                         help="also write quantized TFLite models: dynamic (int8 weights), float16")
+    export.add_argument("--set", dest="overrides", action="append", default=[], metavar="decode.KEY=VALUE",
+                        help="seq2seq: the exported model decodes with these settings instead of the run's, e.g. "
+                             "--set decode.beam_size=2 --set decode.max_length=64 (decode.* keys only; repeatable)")
 
 
 def add_import(verb) -> None:
@@ -131,13 +139,23 @@ def add_diff(verb) -> None:
 
 
 def add_serve(verb) -> None:
-    serve = verb("serve", help="serve an exported model over TF Serving's REST API, with dynamic batching")
-    serve.add_argument("model_dir", type=Path, metavar="MODEL_DIR", help="a folder written by trainformer export")
+    serve = verb("serve", help="serve exported models over TF Serving's REST and gRPC APIs, with dynamic batching "
+                               "and new versions picked up while running")
+    serve.add_argument("base", type=Path, nargs="?", metavar="BASE",
+                       help="an export base path (BASE/<version>/, as trainformer export writes): its highest "
+                            "version is served")
+    serve.add_argument("--model", action="append", default=[], metavar="NAME=BASE",
+                       help="serve BASE as NAME; repeat it for several models")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this host only)")
     serve.add_argument("--port", type=int, default=8501,
-                       help="port (default 8501, TF Serving's REST port; 0: any free)")
-    serve.add_argument("--name", help="the model's name in URLs (default: the exported run's name, else "
-                                      "MODEL_DIR's folder name)")
+                       help="REST port (default 8501, TF Serving's; 0: any free)")
+    serve.add_argument("--grpc-port", type=int, default=8500,
+                       help="gRPC port (default 8500, TF Serving's; 0: any free)")
+    serve.add_argument("--no-grpc", action="store_true", help="serve REST only")
+    serve.add_argument("--poll-seconds", type=float, default=1.0,
+                       help="how often each BASE is checked for a new version folder (default 1)")
+    serve.add_argument("--name", help="BASE's name in URLs (default: the exported run's name, else BASE's "
+                                      "folder name)")
     serve.add_argument("--max-batch", type=int, default=64,
                        help="most instances merged into one model call (default 64; 1 turns batching off)")
     serve.add_argument("--batch-timeout-ms", type=float, default=0.0,
@@ -216,12 +234,29 @@ def run_diff(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from trainformer.serve.server import Limits, serve
+    from trainformer.serve.server import Limits, Settings, serve
 
     limits = Limits(max_body_bytes=int(args.max_body_mb * (1 << 20)), max_instances=args.max_instances)
-    return serve(args.model_dir, args.host, args.port, args.name, max_batch=args.max_batch,
-                 batch_timeout_ms=args.batch_timeout_ms, max_queue=args.max_queue, limits=limits,
-                 access_log=args.access_log)
+    settings = Settings(args.host, args.port, None if args.no_grpc else args.grpc_port, args.max_batch,
+                        args.batch_timeout_ms, args.max_queue, args.poll_seconds, limits, args.access_log)
+    return serve(serve_models(args), settings)
+
+
+def serve_models(args: argparse.Namespace) -> dict:
+    """{name or None: base path} from BASE [--name NAME] and each --model NAME=BASE."""
+    if args.base is None and not args.model:
+        raise UserError("serve needs a base path: trainformer serve BASE, or --model NAME=BASE")
+    if args.name and args.base is None:
+        raise UserError("--name names BASE: give BASE, or use --model NAME=BASE")
+    models = {} if args.base is None else {args.name: args.base}
+    for spec in args.model:
+        name, equals, base = spec.partition("=")
+        if not equals or not name or not base:
+            raise UserError(f"--model {spec!r}: write it NAME=BASE")
+        if name in models:
+            raise UserError(f"--model {spec!r}: the name {name!r} is given twice")
+        models[name] = Path(base)
+    return models
 
 
 def run_data(args: argparse.Namespace) -> int:
@@ -279,14 +314,15 @@ def run_predict(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    if "hf" in args.format.split(","):
+    if "hf" in (args.format or "").split(","):
         return run_export_hf(args)
     from trainformer.export import export_run
     from trainformer.export.parity import failures
 
     quantize = tuple(q for q in args.quantize.split(",") if q)
-    metadata = export_run(args.run_dir, args.out, formats=tuple(f for f in args.format.split(",") if f),
-                          which=args.checkpoint, quantize=quantize)
+    formats = tuple(f for f in args.format.split(",") if f) if args.format else None  # None: the task's
+    metadata = export_run(args.run_dir, args.out, formats=formats, which=args.checkpoint, quantize=quantize,
+                          version=args.version, keep=args.keep, overrides=args.overrides)
     problems = failures(metadata["parity"], quantize)
     for line in problems:
         print(f"trainformer: parity failed: {line}", file=sys.stderr)
@@ -295,9 +331,9 @@ def run_export(args: argparse.Namespace) -> int:
 
 def run_export_hf(args: argparse.Namespace) -> int:
     """--format hf writes a folder of its own (transformers' file names): not combined with the others."""
-    if args.format != "hf" or args.quantize:
-        raise UserError("--format hf: give it alone, without --quantize (a Hugging Face folder is an export of its "
-                        "own: write the other formats with another command and --out)")
+    if args.format != "hf" or args.quantize or args.version or args.keep or args.overrides:
+        raise UserError("--format hf: give it alone, without --quantize, --version, --keep or --set (a Hugging Face "
+                        "folder is an export of its own: write the other formats with another command and --out)")
     from trainformer.interop.hf_export import export_hf
 
     export_hf(args.run_dir, args.out or args.run_dir / "hf", which=args.checkpoint)

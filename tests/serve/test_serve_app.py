@@ -15,6 +15,7 @@ from trainformer.serve.batching import Batcher
 from trainformer.serve.metrics import ServeMetrics
 from trainformer.serve.model import ServedModel
 from trainformer.serve.protocol import own_masks
+from trainformer.serve.versions import AVAILABLE, ModelVersions, Registry, Version
 
 
 class FileReader(tf.Module):
@@ -31,24 +32,32 @@ class FileReader(tf.Module):
         return {"number": tf.strings.to_number(text)}
 
 
+def registry_of(name, base, number):
+    """A Registry serving BASE/NUMBER as NAME, loaded without the warm-up (a text naming no
+    file fails this model on purpose)."""
+    version = Version(number, base / str(number))
+    version.model, version.state = ServedModel.load(version.folder), AVAILABLE
+    versions = ModelVersions(name, base, 1024)
+    versions.versions[number] = versions.latest = version
+    return Registry({name: versions})
+
+
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
     folder = tmp_path_factory.mktemp("reader")
     module = FileReader()
-    tf.saved_model.save(module, str(folder / "saved_model"),
-                        signatures={"serving_default": module.sizes, "parse": module.parse})
-    (folder / "metadata.json").write_text(json.dumps({"task": "classify", "step": 7}))
-    model = ServedModel.load(folder)
+    tf.saved_model.save(module, str(folder / "7"), signatures={"serving_default": module.sizes, "parse": module.parse})
+    (folder / "7" / "metadata.json").write_text(json.dumps({"task": "classify", "step": 7}))
     metrics = ServeMetrics()
-    batcher = Batcher(lambda name, inputs: model.signatures[name](inputs), on_batch=metrics.batch)
-    with TestClient(create_app(model, "reader", batcher, metrics)) as running:
+    batcher = Batcher(lambda signature, inputs: signature(inputs), on_batch=metrics.batch)
+    with TestClient(create_app(registry_of("reader", folder, 7), batcher, metrics)) as running:
         yield running, folder
 
 
 def test_a_model_failure_is_a_500_without_a_traceback_and_a_log_line(client, caplog):
     running, folder = client
-    ok = running.post("/v1/models/reader:predict", json={"instances": [str(folder / "metadata.json")]})
-    assert ok.status_code == 200 and ok.json() == {"predictions": [{"size": len((folder / "metadata.json").read_bytes())}]}
+    ok = running.post("/v1/models/reader:predict", json={"instances": [str(folder / "7" / "metadata.json")]})
+    assert ok.status_code == 200 and ok.json() == {"predictions": [{"size": len((folder / "7" / "metadata.json").read_bytes())}]}
     with caplog.at_level(logging.ERROR, logger="trainformer.serve"):
         broken = running.post("/v1/models/reader:predict", json={"instances": [str(folder / "missing")]})
     assert broken.status_code == 500
@@ -56,7 +65,7 @@ def test_a_model_failure_is_a_500_without_a_traceback_and_a_log_line(client, cap
     assert "NotFoundError" in caplog.text and "Traceback" in caplog.text  # the log has the whole story
     assert running.get("/healthz").status_code == 200
     metrics = running.get("/metrics").text
-    assert 'trainformer_serve_requests_total{code="500"} 1.0' in metrics
+    assert 'trainformer_serve_requests_total{api="rest",code="500"} 1.0' in metrics
 
 
 def test_an_input_tensorflow_rejects_is_a_400_with_its_first_line(client):

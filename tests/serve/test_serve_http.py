@@ -13,63 +13,37 @@ import sys
 import threading
 import time
 
-import httpx
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  the SavedModel holds its tokenizer ops
-from cli_helpers import ENV, trainformer
+from cli_helpers import trainformer
+from serve_helpers import Server, highest
 
 TEXTS = ["你好", "今天天气怎么样", "你喜欢什么电影？", "我想吃火锅", "讲个笑话吧", "早上好" * 40]  # the last is truncated
 
 
 @pytest.fixture(scope="module")
-def exported(intent_export):
-    return intent_export[1]  # conftest: a tiny zh-intent run exported to a folder named intent
-
-
-class Server:
-    """`trainformer serve MODEL_DIR --port 0 ...` in a subprocess; `url` from its start line."""
-
-    def __init__(self, model_dir, *args, log_path):
-        self.log = open(log_path, "w")
-        self.process = subprocess.Popen([sys.executable, "-m", "trainformer", "serve", str(model_dir), "--port", "0",
-                                         *args], env=ENV, stdout=subprocess.PIPE, stderr=self.log, text=True)
-        self.start_line = self.process.stdout.readline()  # printed once the port is bound and the model answers
-        found = re.fullmatch(r"serving (\S+) \(classify, step \d+\) on (http://127\.0\.0\.1:\d+)/v1/models/\1\n",
-                             self.start_line)
-        assert found, f"start line {self.start_line!r}; log: {open(log_path).read()}"
-        self.name, self.root = found.groups()
-        self.model = f"{self.root}/v1/models/{self.name}"
-        self.client = httpx.Client(timeout=30)
-
-    def predict(self, payload=None, content=None):
-        return self.client.post(f"{self.model}:predict", json=payload, content=content)
-
-    def stop(self):
-        self.client.close()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            self.process.wait(timeout=30)
-        self.log.close()
+def exported(served_base):
+    return served_base  # conftest: a tiny zh-intent run exported to a base path named intent
 
 
 @pytest.fixture(scope="module")
 def server(exported, tmp_path_factory):
-    running = Server(exported, log_path=tmp_path_factory.mktemp("log") / "serve.log")
+    running = Server(exported, "--no-grpc", log_path=tmp_path_factory.mktemp("log") / "serve.log")
     yield running
     running.stop()
 
 
 @pytest.fixture(scope="module")
 def saved_model(exported):
-    return tf.saved_model.load(str(exported / "saved_model"))
+    return tf.saved_model.load(str(highest(exported)))
 
 
 def test_status_and_metadata_answer_as_tf_serving(server, exported):
     assert server.name == "run"  # the exported run's name (metadata.json), not the export folder's (intent)
     status = server.client.get(server.model).json()
-    step = status["model_version_status"][0]["version"]
+    step = highest(exported).name  # the version folder's name, as TF Serving's REST API writes it
     assert status == {"model_version_status": [{"version": step, "state": "AVAILABLE",
                                                 "status": {"error_code": "OK", "error_message": ""}}]}
     assert server.client.get(f"{server.model}/versions/{step}").status_code == 200
@@ -84,7 +58,8 @@ def test_status_and_metadata_answer_as_tf_serving(server, exported):
     assert signatures["serve_ids"]["inputs"]["token_ids"]["dtype"] == "DT_INT32"
     assert server.client.get(f"{server.root}/healthz").json() == {"status": "ok"}
     missing = server.client.get(f"{server.root}/v1/models/other")
-    assert missing.status_code == 404 and "'run'" in missing.json()["error"]
+    assert missing.status_code == 404 and missing.json()["error"] == "Could not find any versions of model other " \
+                                                                   "(this server serves run)"
     wrong_method = server.client.get(f"{server.model}:predict")  # the right URL, the wrong method
     assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
     assert "POST" in wrong_method.json()["error"]
@@ -171,7 +146,7 @@ def test_the_server_still_answers_after_the_fuzz(server):
     assert answer.status_code == 200 and len(answer.json()["predictions"]) == 1
     assert server.process.poll() is None
     metrics = server.client.get(f"{server.root}/metrics").text
-    assert not re.search(r'trainformer_serve_requests_total\{code="5\d\d"\}', metrics)
+    assert not re.search(r'trainformer_serve_requests_total\{api="rest",code="5\d\d"\}', metrics)
 
 
 def load(server, clients, requests_each):
@@ -211,8 +186,8 @@ def test_200_concurrent_clients_get_no_errors_and_share_model_calls(server):
     after = server.client.get(f"{server.root}/metrics").text
     calls = metric(after, "trainformer_serve_batch_size_count") - metric(before, "trainformer_serve_batch_size_count")
     rows = metric(after, "trainformer_serve_batch_size_sum") - metric(before, "trainformer_serve_batch_size_sum")
-    answered = (metric(after, 'trainformer_serve_requests_total{code="200"}')
-                - metric(before, 'trainformer_serve_requests_total{code="200"}'))
+    answered = (metric(after, 'trainformer_serve_requests_total{api="rest",code="200"}')
+                - metric(before, 'trainformer_serve_requests_total{api="rest",code="200"}'))
     assert rows == answered == 2000
     assert calls < 2000 / 4  # dynamic batching merged concurrent requests into shared model calls
     assert metric(after, "trainformer_serve_request_seconds_count") >= 2000
@@ -251,16 +226,36 @@ def test_sigterm_lets_requests_in_flight_finish_then_exits_0(exported, tmp_path)
     server.stop()
 
 
-def test_a_bad_model_dir_or_a_busy_port_is_one_line_and_exit_2(exported, tmp_path):
-    missing = trainformer("serve", str(tmp_path / "nope"), check=False)
-    assert missing.returncode == 2
-    assert missing.stderr.strip() == f"trainformer: error: {tmp_path / 'nope'}: no such directory " \
-                                     "(a folder written by trainformer export)"
+def error_line(*args):
+    """The one stderr line of `trainformer serve ARGS`, which must exit 2 without printing on stdout."""
+    result = trainformer("serve", *map(str, args), check=False)
+    assert result.returncode == 2 and result.stdout == "", result
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    return result.stderr.strip().removeprefix("trainformer: error: ")
+
+
+def test_a_bad_base_path_or_a_busy_port_is_one_line_and_exit_2(exported, tmp_path):
+    assert error_line(tmp_path / "nope") == f"{tmp_path / 'nope'}: no such directory (the base path " \
+                                            "trainformer export --out wrote)"
+    assert error_line(tmp_path) == f"{tmp_path}: no version folders (BASE/<N>/saved_model.pb, as trainformer " \
+                                   "export writes)"
+    version = highest(exported)
+    assert error_line(version) == f"{version} is a version folder, not a base path: pass its parent, {exported}"
+    old = tmp_path / "old"
+    (old / "saved_model").mkdir(parents=True)
+    (old / "saved_model" / "saved_model.pb").write_bytes(b"")
+    assert error_line(old) == f"{old} holds an export in the old layout (saved_model/ at its top): export the run " \
+                              "again to a new folder (trainformer export RUN_DIR --out BASE writes BASE/<version>/)"
+    assert error_line("--model", "a", exported) == "--model 'a': write it NAME=BASE"
+    assert error_line("--model", f"a={exported}", "--model", f"a={exported}") == \
+        f"--model 'a={exported}': the name 'a' is given twice"
+    assert error_line() == "serve needs a base path: trainformer serve BASE, or --model NAME=BASE"
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        taken = trainformer("serve", str(exported), "--port", str(port), check=False)
-    assert taken.returncode == 2 and taken.stdout == ""
-    assert taken.stderr.startswith(f"trainformer: error: cannot listen on 127.0.0.1:{port}: Address already in use")
-    assert len(taken.stderr.strip().splitlines()) == 1
+        assert error_line(exported, "--port", port).startswith(
+            f"cannot listen on 127.0.0.1:{port}: Address already in use")
+        assert error_line(exported, "--port", 0, "--grpc-port", port) == \
+            f"cannot listen for gRPC on 127.0.0.1:{port}: Address already in use (is another server on it? pick " \
+            "another --grpc-port)"

@@ -1,7 +1,10 @@
-"""`trainformer serve`: an exported model behind TF Serving's REST API, with dynamic batching.
+"""`trainformer serve`: exported models behind TF Serving's REST and gRPC APIs, with dynamic
+batching and versions managed as TF Serving does.
 
-model.py loads the export and calls its signatures; protocol.py turns TF Serving's JSON into
-arrays and back; batching.py merges concurrent requests into one model call on one worker
-thread; metrics.py holds the Prometheus series; app.py is the FastAPI app; server.py checks
-MODEL_DIR and the port, then runs uvicorn.
+model.py loads one version folder and calls its signatures; versions.py finds the version
+folders under each base path, loads new ones while serving and unloads the old; protocol.py
+turns TF Serving's JSON into arrays and back; rpc.py is the gRPC API (tensorflow-serving-api's
+protos); batching.py merges concurrent requests of both APIs into one model call on one worker
+thread; metrics.py holds the Prometheus series; app.py is the FastAPI app; server.py checks the
+base paths and the ports, then runs uvicorn and the gRPC server.
 """

@@ -1,7 +1,7 @@
-"""The FastAPI app: TF Serving's REST API (model status, metadata, predict) plus /healthz and
-/metrics. Every answer, errors included, is JSON in TF Serving's shapes ({"error": "..."});
-input problems are 4xx with one clear line, never 500; a model failure is a 500 that says
-only that, while the server log gets the traceback."""
+"""The FastAPI app: TF Serving's REST API (model status with every version, metadata, predict,
+each also under /versions/N) plus /healthz and /metrics. Every answer, errors included, is JSON
+in TF Serving's shapes ({"error": "..."}); input problems are 4xx with one clear line, never
+500; a model failure is a 500 that says only that, while the server log gets the traceback."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import logging
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -20,7 +21,8 @@ from starlette.requests import ClientDisconnect
 from trainformer.serve.batching import Batcher, Closed, Overloaded
 from trainformer.serve.metrics import ServeMetrics
 from trainformer.serve.model import ModelInputError, ServedModel
-from trainformer.serve.protocol import ClientError, Rules, decode_body, own_masks, parse_predict, predict_response
+from trainformer.serve.protocol import ClientError, decode_body, own_masks, parse_predict, predict_response
+from trainformer.serve.versions import Registry, parse_version, submit
 
 log = logging.getLogger("trainformer.serve")
 
@@ -43,22 +45,26 @@ def error(status: int, message: str, headers: dict | None = None) -> Response:
     return json_response({"error": message}, status, headers)
 
 
-def create_app(model: ServedModel, name: str, batcher: Batcher, metrics: ServeMetrics,
-               limits: Limits = Limits()) -> FastAPI:
-    """The app serving `model` as NAME; `batcher` makes its model calls and is closed (queued
-    work finished) when the app shuts down."""
+def create_app(registry: Registry, batcher: Batcher, metrics: ServeMetrics, limits: Limits = Limits(),
+               on_shutdown: Callable[[], None] | None = None) -> FastAPI:
+    """The app serving every model of `registry`; `batcher` makes their model calls and is
+    closed (queued work finished) when the app shuts down, after `on_shutdown` (the gRPC server
+    stopping: its requests share the batcher)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
-        await asyncio.to_thread(batcher.close)  # uvicorn has let in-flight requests finish first
+        # uvicorn has let in-flight requests finish first
+        registry.stop()
+        if on_shutdown is not None:
+            await asyncio.to_thread(on_shutdown)
+        await asyncio.to_thread(batcher.close)
 
     app = FastAPI(title="trainformer serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     add_error_handlers(app)
     add_health_routes(app, batcher, metrics)
-    find_model = model_finder(model, name)
-    add_status_routes(app, model, name, find_model)
-    add_predict_routes(app, model, find_model, batcher, metrics, limits)
+    add_status_routes(app, registry)
+    add_predict_routes(app, registry, batcher, metrics, limits)
     return app
 
 
@@ -88,17 +94,6 @@ def add_health_routes(app: FastAPI, batcher: Batcher, metrics: ServeMetrics) -> 
         return Response(body, media_type=content_type)
 
 
-def model_finder(model: ServedModel, name: str):
-    """find_model(requested, version): a 404 in TF Serving's words unless it names this model."""
-    def find_model(requested: str, version: str | None) -> None:
-        if requested != name or version not in (None, model.version):
-            spec = f"Latest({requested})" if version is None else f"Specific({requested}, {version})"
-            raise ClientError(f"Servable not found for request: {spec} (this server serves {name!r}, "
-                              f"version {model.version})", status=404)
-
-    return find_model
-
-
 def refuse_verb(requested: str, method: str) -> None:
     """A GET on `NAME:predict` lands in the status routes (a model name may hold no ':'): it is
     the right URL with the wrong method, not a missing model."""
@@ -110,46 +105,57 @@ def refuse_verb(requested: str, method: str) -> None:
         raise ClientError(f"{requested}: unknown verb :{verb} (this server answers :predict)", status=404)
 
 
-def add_status_routes(app: FastAPI, model: ServedModel, name: str, find_model) -> None:
+def add_status_routes(app: FastAPI, registry: Registry) -> None:
     @app.get("/v1/models/{requested}")
     @app.get("/v1/models/{requested}/versions/{version}")
     async def status(request: Request, requested: str, version: str | None = None) -> Response:
         refuse_verb(version or requested, request.method)
-        find_model(requested, version)
-        return json_response({"model_version_status": [{"version": model.version, "state": "AVAILABLE",
-                                                        "status": {"error_code": "OK", "error_message": ""}}]})
+        versions = registry.find(requested).status(parse_version(version))
+        return json_response({"model_version_status": versions})
 
     @app.get("/v1/models/{requested}/metadata")
     @app.get("/v1/models/{requested}/versions/{version}/metadata")
     async def metadata(requested: str, version: str | None = None) -> Response:
-        find_model(requested, version)
-        signatures = {key: signature.tf_serving() for key, signature in model.signatures.items()}
-        about = {key: model.metadata[key] for key in ("task", "labels", "max_length", "pad_id", "step")
-                 if key in model.metadata}
-        return json_response({"model_spec": {"name": name, "signature_name": "", "version": model.version},
-                              "metadata": {"signature_def": {"signature_def": signatures}, "trainformer": about}})
+        served = registry.find(requested).acquire(parse_version(version))
+        try:
+            return json_response(model_metadata(requested, served.model))
+        finally:
+            served.release()
 
 
-def add_predict_routes(app: FastAPI, model: ServedModel, find_model, batcher: Batcher, metrics: ServeMetrics,
+def model_metadata(name: str, model: ServedModel) -> dict:
+    """TF Serving's GetModelMetadata answer as JSON, plus what a client needs from metadata.json."""
+    signatures = {key: signature.tf_serving() for key, signature in model.signatures.items()}
+    about = {key: model.metadata[key] for key in ("task", "labels", "max_length", "pad_id", "step", "run")
+             if key in model.metadata}
+    return {"model_spec": {"name": name, "signature_name": "", "version": model.version},
+            "metadata": {"signature_def": {"signature_def": signatures}, "trainformer": about}}
+
+
+def add_predict_routes(app: FastAPI, registry: Registry, batcher: Batcher, metrics: ServeMetrics,
                        limits: Limits) -> None:
-    rules = Rules(limits.max_instances, model.pad_id, model.metadata.get("vocab_size"),
-                  model.metadata.get("max_length"))
-
     @app.post("/v1/models/{requested}:predict")
     @app.post("/v1/models/{requested}/versions/{version}:predict")
     async def predict(request: Request, requested: str, version: str | None = None) -> Response:
         started = time.perf_counter()
         response = await answer(request, requested, version)
-        metrics.request(response.status_code, time.perf_counter() - started)
+        metrics.request(response.status_code, time.perf_counter() - started, api="rest")
         return response
 
     async def answer(request: Request, requested: str, version: str | None) -> Response:
         try:
-            find_model(requested, version)
-            body = await read_body(request, limits.max_body_bytes)
-            parsed = parse_predict(decode_body(body), model.signatures, rules)
-            outputs = await asyncio.wrap_future(batcher.submit(parsed.signature_name, parsed.inputs))
-            return json_response(predict_response(own_masks(outputs), parsed.columnar))
+            number = parse_version(version)
+            registry.find(requested)  # an unknown model is a 404 before the body is read
+            payload = decode_body(await read_body(request, limits.max_body_bytes))
+            parsed = []
+
+            def prepare(served):
+                parsed.append(parse_predict(payload, served.model.signatures, served.rules))
+                return parsed[0].signature_name, parsed[0].inputs
+
+            _, _, future = submit(registry, batcher, requested, number, prepare)
+            outputs = await asyncio.wrap_future(future)
+            return json_response(predict_response(own_masks(outputs), parsed[0].columnar))
         except ClientError as err:
             return error(err.status, str(err))
         except ModelInputError as err:

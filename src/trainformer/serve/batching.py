@@ -31,9 +31,11 @@ class Closed(Exception):
 
 @dataclass
 class Job:
-    """One request: its signature, inputs (rows, ...) and the future its outputs go to."""
+    """One request: its signature (the server passes the Signature object itself, so requests
+    to two versions never merge; any key compared with == will do), inputs (rows, ...) and the
+    future its outputs go to."""
 
-    signature: str
+    signature: object
     inputs: Arrays
     future: Future = field(default_factory=Future)
 
@@ -69,7 +71,7 @@ class Batcher:
         batcher.close()
     """
 
-    def __init__(self, run: Callable[[str, Arrays], Arrays], max_batch: int = 64, timeout_s: float = 0.0,
+    def __init__(self, run: Callable[[object, Arrays], Arrays], max_batch: int = 64, timeout_s: float = 0.0,
                  max_queue: int = 4096, on_batch: Callable[[int], None] = lambda rows: None):
         self.run = run
         self.max_batch = max_batch
@@ -83,7 +85,7 @@ class Batcher:
         self.worker = threading.Thread(target=self._work, name="model-worker", daemon=True)
         self.worker.start()
 
-    def submit(self, signature: str, inputs: Arrays) -> Future:
+    def submit(self, signature, inputs: Arrays) -> Future:
         """Queue one request; its future gets the outputs for its rows, or the model's exception."""
         job = Job(signature, inputs)
         with self.lock:

@@ -14,22 +14,24 @@ class ServeMetrics:
 
     Example:
         metrics = ServeMetrics()
-        metrics.request(200, seconds=0.004)
+        metrics.request(200, seconds=0.004, api="grpc")
         metrics.batch(12)
         body, content_type = metrics.exposition()
     """
 
     def __init__(self):
         self.registry = CollectorRegistry()  # not the global one: two servers in one process stay apart
-        self.requests = Counter("trainformer_serve_requests", "predict requests by HTTP status code",
-                                ["code"], registry=self.registry)
+        # gRPC requests count under the HTTP code TF Serving maps their status to (NOT_FOUND: 404),
+        # so one 5xx alert covers both APIs; `api` tells them apart
+        self.requests = Counter("trainformer_serve_requests", "predict requests by API and HTTP status code",
+                                ["api", "code"], registry=self.registry)
         self.latency = Histogram("trainformer_serve_request_seconds", "predict request latency in the server, "
                                  "from routing to the response", buckets=LATENCY_BUCKETS, registry=self.registry)
         self.batch_size = Histogram("trainformer_serve_batch_size", "instances per model call (dynamic batching "
                                     "merges concurrent requests)", buckets=BATCH_BUCKETS, registry=self.registry)
 
-    def request(self, code: int, seconds: float) -> None:
-        self.requests.labels(code=str(code)).inc()
+    def request(self, code: int, seconds: float, api: str = "rest") -> None:
+        self.requests.labels(api=api, code=str(code)).inc()
         self.latency.observe(seconds)
 
     def batch(self, rows: int) -> None:

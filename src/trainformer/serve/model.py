@@ -1,7 +1,8 @@
-"""An exported model (`trainformer export --format saved_model`) loaded for serving.
+"""One version of an exported model (`trainformer export`) loaded for serving.
 
-MODEL_DIR holds `saved_model/` and `metadata.json`; the SavedModel's graph holds the
-tensorflow-text tokenizer ops, so `tensorflow_text` is imported before loading it.
+A version folder BASE/<N>/ is a SavedModel as TF Serving loads it (saved_model.pb,
+variables/, assets/) with metadata.json beside it; the graph holds the tensorflow-text
+tokenizer ops, so `tensorflow_text` is imported before loading it.
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ class Signature:
 
 
 class ServedModel:
-    """The signatures and metadata of MODEL_DIR. `load` checks the folder first, so a wrong
-    path is one clear line (UserError) before TensorFlow starts."""
+    """The signatures and metadata of one version folder. `load` checks the folder first, so a
+    wrong path is one clear line (UserError) before TensorFlow starts."""
 
     def __init__(self, model_dir: Path, metadata: dict, loaded):
         self.model_dir = model_dir
@@ -82,8 +83,8 @@ class ServedModel:
 
     @property
     def version(self) -> str:
-        """The training step the export was taken at: TF Serving's model version."""
-        return str(self.metadata.get("step", 1))
+        """TF Serving's model version: the version folder's name (BASE/<N>/)."""
+        return self.model_dir.name
 
     @property
     def pad_id(self) -> int:
@@ -96,24 +97,21 @@ class ServedModel:
         import tensorflow_text  # noqa: F401  registers the tokenizer ops the graph holds
 
         try:
-            loaded = tf.saved_model.load(str(model_dir / "saved_model"))
+            loaded = tf.saved_model.load(str(model_dir))
         except Exception as err:  # a damaged or foreign SavedModel: which error varies by damage
-            raise UserError(f"{model_dir}/saved_model: cannot load the SavedModel: {first_line(err)}") from err
+            raise UserError(f"{model_dir}: cannot load the SavedModel: {first_line(err)}") from err
         if "serving_default" not in loaded.signatures:
-            raise UserError(f"{model_dir}/saved_model has no serving_default signature: is it a trainformer export?")
+            raise UserError(f"{model_dir} has no serving_default signature: is it a trainformer export?")
         return ServedModel(model_dir, metadata, loaded)
 
 
 def read_metadata(model_dir: Path) -> dict:
-    """MODEL_DIR/metadata.json, after checking the folder looks like an export."""
-    if not model_dir.is_dir():
-        raise UserError(f"{model_dir}: no such directory (a folder written by trainformer export)")
-    if not (model_dir / "saved_model" / "saved_model.pb").is_file():
-        raise UserError(f"{model_dir}: no saved_model/saved_model.pb: export the run with "
-                        "trainformer export RUN_DIR --format saved_model --out DIR")
+    """BASE/<N>/metadata.json, after checking the version folder holds a SavedModel."""
+    if not (model_dir / "saved_model.pb").is_file():
+        raise UserError(f"{model_dir}: no saved_model.pb (a version folder written by trainformer export)")
     path = model_dir / "metadata.json"
     if not path.is_file():
-        raise UserError(f"{path}: missing (it is written by trainformer export next to saved_model/)")
+        raise UserError(f"{path}: missing (trainformer export writes it beside saved_model.pb)")
     return read_json(path)
 
 
