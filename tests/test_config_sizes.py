@@ -10,7 +10,7 @@ def test_zh_bert_80m_has_80m_parameters_on_its_built_in_corpus(tmp_path):
     """What `trainformer train zh-bert-80m` builds: the embedding is sized by the vocabulary
     learned from its corpus (People's Daily runs out of pairs seen min_frequency times at ~5.7k
     tokens, far below tokenizer.vocab_size 21,128), so that vocabulary is what is counted."""
-    config = load_config("zh-bert-80m")
+    config = load_config("zh-bert-80m", ["train.precision=fp32"])  # a task builds in a resolved precision
     corpus = load_corpus(config.data.corpus, config.data.valid_fraction)
     tok = config.tokenizer
     train_vocab(corpus.train, tmp_path, tok.vocab_size, tok.min_frequency, tok.lowercase)
