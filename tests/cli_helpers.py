@@ -2,11 +2,17 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+# What a user who just installed trainformer has: TensorFlow's logging is left to trainformer.quiet.
+CLEAN_ENV = {name: value for name, value in os.environ.items() if name != "TF_CPP_MIN_LOG_LEVEL"}
+# What TensorFlow printed on every command before quiet.py (the absl/glog records and their notices).
+NOISE = re.compile(r"^(\[worker \d+\] )?([IWEF]\d{4} \d\d:\d\d:|WARNING: All log messages before absl)"
+                   r"|oneDNN|cuInit|cuda drivers|StartAbort|coordination service", re.M)
 
 # A tiny BERT on real People's Daily text: tens of steps take seconds.
 TINY = [
@@ -17,8 +23,8 @@ TINY = [
 ]
 
 
-def trainformer(*args, check=True):
-    result = subprocess.run([sys.executable, "-m", "trainformer", *args], capture_output=True, text=True, env=ENV)
+def trainformer(*args, check=True, env=ENV):
+    result = subprocess.run([sys.executable, "-m", "trainformer", *args], capture_output=True, text=True, env=env)
     if check and result.returncode:
         raise AssertionError(f"exit {result.returncode}\n{result.stdout}\n{result.stderr}")
     return result

@@ -30,11 +30,18 @@ def pretrained(tmp_path_factory):
     return run_dir
 
 
+def finetune_args(pretrained) -> list[str]:
+    """Deterministic, with dropout: the resume test stops a run with these same arguments, reruns
+    it, and compares its weights with the finetuned fixture's bit for bit (no reference run of
+    its own: one 30-step run saved)."""
+    return [*TINY, *INTENTS, "--set", "train.steps=30", "--set", "train.deterministic=true",
+            "--set", "model.dropout=0.1", "--set", f"model.init_from={pretrained}"]
+
+
 @pytest.fixture(scope="module")
 def finetuned(pretrained, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("intent") / "run"
-    result = trainformer("train", "--run-dir", str(run_dir), *TINY, *INTENTS, "--set", "train.steps=30",
-                         "--set", f"model.init_from={pretrained}")
+    result = trainformer("train", "--run-dir", str(run_dir), *finetune_args(pretrained))
     return run_dir, result.stdout, result.stderr
 
 
@@ -129,15 +136,13 @@ def test_restore_pretrained_loads_the_encoder_and_leaves_the_head(tmp_path):
         np.testing.assert_array_equal(before, after.numpy())
 
 
-def test_a_stopped_classify_run_resumes_to_the_same_weights(tmp_path, pretrained):
-    """SIGTERM mid-run, rerun: bitwise the weights of an uninterrupted deterministic run."""
-    args = [*TINY, *INTENTS, "--set", "train.steps=30", "--set", "train.deterministic=true",
-            "--set", "model.dropout=0.1", "--set", f"model.init_from={pretrained}"]
-    trainformer("train", "--run-dir", str(tmp_path / "whole"), *args)
-    stop_after_first_step("--run-dir", str(tmp_path / "stopped"), *args)
+def test_a_stopped_classify_run_resumes_to_the_same_weights(tmp_path, pretrained, finetuned):
+    """SIGTERM mid-run, rerun: bitwise the weights of an uninterrupted deterministic run (the
+    finetuned fixture, trained with the same arguments)."""
+    stop_after_first_step("--run-dir", str(tmp_path / "stopped"), *finetune_args(pretrained))
     trainformer("train", "--run-dir", str(tmp_path / "stopped"))
-    digests = [json.loads((tmp_path / name / "manifest.json").read_text())["weights_sha256"]
-               for name in ("whole", "stopped")]
+    digests = [json.loads((run_dir / "manifest.json").read_text())["weights_sha256"]
+               for run_dir in (finetuned[0], tmp_path / "stopped")]
     assert digests[0] == digests[1]
     steps = [e["step"] for e in read_metrics(tmp_path / "stopped") if e.get("split") == "train"]
     assert steps == sorted(set(steps))

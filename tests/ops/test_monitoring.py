@@ -281,10 +281,11 @@ def serve_metrics(port: int):
     return server
 
 
-def start_training(folder: Path, metrics_port: int) -> subprocess.Popen:
-    """A tiny run that would take minutes: the test stops it (SIGTERM) once it has what it needs."""
+def start_training(folder: Path, metrics_port: int, vocab_args: list[str]) -> subprocess.Popen:
+    """A tiny run that would take minutes: the test stops it (SIGTERM) once it has what it needs.
+    The session's vocabulary: the series do not depend on it, and training one costs ~5 s."""
     with (folder / "train.log").open("w") as log:
-        return start("train", "--run-dir", str(folder / "run"), *TINY, "--set", "train.steps=20000",
+        return start("train", "--run-dir", str(folder / "run"), *TINY, *vocab_args, "--set", "train.steps=20000",
                      "--set", "train.eval_every=100", "--set", "train.checkpoint_every=20000",
                      "--metrics-port", str(metrics_port), stdout=log)
 
@@ -304,14 +305,14 @@ def duration_seconds(text: str) -> int:
     return int(text[:-1]) * {"s": 1, "m": 60, "h": 3600}[text[-1]]
 
 
-def test_prometheus_scrapes_training_and_every_panel_and_alert_query_evaluates(tmp_path):
+def test_prometheus_scrapes_training_and_every_panel_and_alert_query_evaluates(tmp_path, vocab_args):
     binary = tool("prometheus")
     train_port, serve_port = free_port(), free_port()
     serve_server = serve_metrics(serve_port)
     prometheus = Prometheus(binary, scrape_config(tmp_path, {"trainformer-train": f"127.0.0.1:{train_port}",
                                                             "trainformer-serve": f"127.0.0.1:{serve_port}"}),
                             tmp_path)
-    training = start_training(tmp_path, train_port)
+    training = start_training(tmp_path, train_port, vocab_args)
     try:
         # A few scrapes of a run past its first eval; the rules were evaluated every second meanwhile.
         enough = "count_over_time(trainformer_step[1m]) >= 3 and on() trainformer_valid_loss"

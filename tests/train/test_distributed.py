@@ -1,6 +1,7 @@
 """Multi-device training through the real command line: MirroredStrategy on two logical CPU
 devices and two local MultiWorkerMirroredStrategy workers (trainformer launch) compute the
-one-device update of the same global batch."""
+one-device update of the same global batch. The two-worker run also shows that `launch` relays
+its workers without TensorFlow's logging (tests/test_quiet.py's subject; one launch saved)."""
 
 import json
 import os
@@ -14,16 +15,12 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import ENV, TINY, read_metrics, trainformer
+from cli_helpers import CLEAN_ENV, ENV, NOISE, TINY, read_metrics, trainformer
 
-# fp32: strategies are compared at rtol 1e-5, and bf16 rounds differently when the batch is split
+# fp32: strategies are compared at rtol 1e-5, and bf16 rounds differently when the batch is split.
+# One eval, at the end: the tests compare training steps, and each eval costs seconds per run.
 RUN = [*TINY, "--set", "train.steps=20", "--set", "train.log_every=1", "--set", "train.accumulate=2",
-       "--set", "train.precision=fp32"]
-
-
-@pytest.fixture(scope="module")
-def vocab_args(vocab_dir):
-    return ["--set", f"tokenizer.vocab_file={vocab_dir / 'vocab.txt'}"]
+       "--set", "train.precision=fp32", "--set", "train.eval_every=20"]
 
 
 def train_losses(run_dir) -> np.ndarray:
@@ -81,10 +78,13 @@ def digests(output: str) -> list[str]:
 
 def test_two_workers_end_bitwise_equal_and_match_one_process(tmp_path, one_device, vocab_args):
     run_dir = tmp_path / "run"
-    process = launch("--workers", "2", "--", "train", "--run-dir", str(run_dir), *RUN, *vocab_args)
+    # as a user runs it (no TF_CPP_MIN_LOG_LEVEL): the launcher and workers filter TensorFlow's logging
+    process = launch("--workers", "2", "--", "train", "--run-dir", str(run_dir), *RUN, *vocab_args, env=CLEAN_ENV)
     output = process.communicate(timeout=600)[0]
     assert process.returncode == 0, output
+    assert not NOISE.search(output), output
     assert "2 replica(s) on 2 workers" in output
+    assert "[worker 1] weights sha256" in output  # the non-chief's own lines still come through
     chief, worker = digests(output)
     assert chief == worker  # the non-chief's weights, bitwise
     assert json.loads((run_dir / "manifest.json").read_text())["weights_sha256"] == chief
