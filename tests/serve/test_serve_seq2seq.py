@@ -79,4 +79,10 @@ def test_an_answer_does_not_depend_on_who_else_was_batched(server):
     with ThreadPoolExecutor(len(SOURCES)) as pool:  # sent at once: the batcher merges them
         merged = list(pool.map(alone, SOURCES * 3))
     for index, answer in enumerate(merged):
-        assert answer == together[index % len(SOURCES)], json.dumps([answer, together[index % len(SOURCES)]])
+        expected = together[index % len(SOURCES)]
+        # The tokens are the same; scores may differ in the last float32 digits, as a batch of
+        # another size sums in another order (seen: -32.0618515 vs -32.0618553 under load).
+        for key in ("output", "output_ids", "outputs", "truncated"):
+            assert answer[key] == expected[key], json.dumps([answer, expected])
+        assert answer["score"] == pytest.approx(expected["score"], rel=1e-5)
+        assert answer["scores"] == pytest.approx(expected["scores"], rel=1e-5)
