@@ -25,6 +25,12 @@ from trainformer.data.tokenizer import Tokenizer
 from trainformer.tokens import CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS
 
 NUM_SPECIAL = len(SPECIAL_TOKENS)  # ids below this are never masking targets
+# Which of mask_batch's tensors are model inputs and which are targets, per objective. ELECTRA's
+# model also reads the original tokens (to label replacements) and one uniform per masked
+# position (its generator's sample); its loss weighs every real token.
+MLM_KEYS = (("token_ids", "padding_mask", "masked_positions"), ("masked_ids", "masked_weights"))
+ELECTRA_KEYS = (("token_ids", "padding_mask", "masked_positions", "masked_ids", "sample_uniform"),
+                ("masked_ids", "masked_weights", "padding_mask"))
 
 
 def tokenize_documents(tokenizer: Tokenizer, documents: list[str], batch_size: int = 2048) -> np.ndarray:
@@ -88,7 +94,8 @@ def mask_batch(
             10% random token, 10% unchanged (training).
 
     Returns model inputs and targets: token_ids (batch, seq), padding_mask (batch, seq) bool,
-    masked_positions / masked_ids (batch, P) int32 and masked_weights (batch, P) float32.
+    masked_positions / masked_ids (batch, P) int32, masked_weights (batch, P) float32 and
+    sample_uniform (batch, P) float32 in [0, 1) (ELECTRA's generator samples with it).
     """
     batch, seq_len = tf.shape(token_ids)[0], token_ids.shape[1]
     num_predictions = max_predictions(seq_len, mask_rate)
@@ -124,11 +131,13 @@ def mask_batch(
         "masked_positions": positions,
         "masked_ids": targets,
         "masked_weights": tf.cast(weights, tf.float32),
+        "sample_uniform": tf.random.stateless_uniform(tf.shape(targets), seeds[3]),
     }
 
 
 def train_dataset(
-    windows: np.ndarray, batch_size: int, seed: int, mask_rate: float, vocab_size: int, start_batch: int = 0
+    windows: np.ndarray, batch_size: int, seed: int, mask_rate: float, vocab_size: int, start_batch: int = 0,
+    keys: tuple = MLM_KEYS,
 ) -> tf.data.Dataset:
     """An endless stream of masked batches; a new window order and new masks every epoch.
 
@@ -154,7 +163,7 @@ def train_dataset(
 
     def masked(ids: tf.Tensor, number: tf.Tensor, index: tf.Tensor):
         mask_seed = tf.stack([tf.constant(seed + 1, tf.int64), index * batches_per_epoch + number])
-        return split_targets(mask_batch(tf.gather(all_windows, ids), mask_seed, mask_rate, vocab_size))
+        return split_targets(mask_batch(tf.gather(all_windows, ids), mask_seed, mask_rate, vocab_size), keys)
 
     return (
         tf.data.Dataset.counter(start=first_epoch)
@@ -189,7 +198,7 @@ def distribute(strategy: tf.distribute.Strategy, global_batches: tf.data.Dataset
 
 
 def eval_batches(
-    windows: np.ndarray, batch_size: int, seed: int, mask_rate: float, vocab_size: int
+    windows: np.ndarray, batch_size: int, seed: int, mask_rate: float, vocab_size: int, keys: tuple = MLM_KEYS
 ) -> list[tuple[dict, dict]]:
     """Fixed cloze-masked batches over all valid windows: the same targets at every eval and
     in `trainformer eval`, so numbers are comparable across a run and between runs."""
@@ -199,15 +208,14 @@ def eval_batches(
             tf.constant(windows[start : start + batch_size]),
             tf.constant([seed, number], tf.int64), mask_rate, vocab_size, cloze=True,
         )
-        batches.append(split_targets(masked))
+        batches.append(split_targets(masked, keys))
     return batches
 
 
-def split_targets(masked: dict) -> tuple[dict, dict]:
-    """Split mask_batch's output into (model inputs, targets)."""
-    inputs = {k: masked[k] for k in ("token_ids", "padding_mask", "masked_positions")}
-    targets = {k: masked[k] for k in ("masked_ids", "masked_weights")}
-    return inputs, targets
+def split_targets(masked: dict, keys: tuple = MLM_KEYS) -> tuple[dict, dict]:
+    """Split mask_batch's output into (model inputs, targets), as keys names them."""
+    input_keys, target_keys = keys
+    return {k: masked[k] for k in input_keys}, {k: masked[k] for k in target_keys}
 
 
 def most_frequent_token(stream: np.ndarray) -> int:

@@ -3,7 +3,8 @@
 The Trainer, checkpoints, strategies and monitor are written once (train/, the engine), the run
 directory once (run_dir.py), and run/ puts a task together with them; a task owns the rest (DESIGN.md "Tasks", after Model Garden's Task, kept smaller):
 
-    task = task_for(config)                 # tasks/mlm.py MaskedLMTask, tasks/classify.py ClassifyTask
+    task = task_for(config)                 # tasks/mlm.py MaskedLMTask, tasks/electra.py ElectraTask,
+                                            # tasks/classify.py ClassifyTask
     task.prepare(run, source, say)          # vocabulary, tokenized (cached) examples
     model = task.build_model()              # under the strategy's scope
     task.loss_sums(outputs, targets)        # {"loss_sum", "correct", "count"}: the Trainer's step
@@ -13,6 +14,7 @@ directory once (run_dir.py), and run/ puts a task together with them; a task own
     task.eval_batches(split)                # the fixed held-out (inputs, targets) batches evaluate scores
     task.on_eval(monitor, step, metrics)    # e.g. a confusion matrix image, seq2seq's outputs file
     task.save_outputs(step)                 # text generators only (seq2seq): eval/<split>-<step>.jsonl
+    task.learning_rate_multipliers(model)   # classify only: {variable path: factor} of train.layer_decay
     serving = task.serving(model)           # in-graph answers: text(texts), ids(...), exported_functions()
     serving.answer(texts)                   # one dict per text: what `trainformer predict` prints
 
@@ -21,7 +23,8 @@ tasks/seq2seq.py Seq2SeqTask (translation, summarization) generates text with mo
 `accuracy_name` names the accuracy the Trainer logs; `unit`/`items_per_step` its throughput
 (None: loss_sums also returns `items`, counted per batch);
 `shape_generic` asks for one shape-generic trace of the train step (batches of varying shape).
-A task never imports another task, the engine (train/) or run orchestration (run/).
+A task never imports the engine (train/) or run orchestration (run/), nor another task, bar one:
+tasks/electra.py ElectraTask extends MaskedLMTask (the same windows and masks, another objective).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import importlib
 
 from trainformer.config import ExperimentConfig
 
-TASKS = {"mlm": "MaskedLMTask", "classify": "ClassifyTask", "seq2seq": "Seq2SeqTask"}
+TASKS = {"mlm": "MaskedLMTask", "electra": "ElectraTask", "classify": "ClassifyTask", "seq2seq": "Seq2SeqTask"}
 DTYPE_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 

@@ -121,17 +121,22 @@ class MaskedLMTask:
             for inputs, targets in batches[split]:
                 for key, value in sums(inputs, targets).items():
                     totals[key] = totals.get(key, 0.0) + float(value)
-            count = max(totals["count"], 1.0)
-            loss = totals["loss_sum"] / count
-            return {
-                "loss": loss,
-                "perplexity": math.exp(min(loss, 50.0)),
-                "masked_accuracy": totals["correct"] / count,
-                "baseline_accuracy": totals["baseline_correct"] / count,
-                "num_targets": int(totals["count"]),
-            }
+            return self.metrics_of(totals)
 
         return evaluate
+
+    @staticmethod
+    def metrics_of(totals: dict) -> dict:
+        """An eval's metrics from the sums of _eval_sums over its batches."""
+        count = max(totals["count"], 1.0)
+        loss = totals["loss_sum"] / count
+        return {
+            "loss": loss,
+            "perplexity": math.exp(min(loss, 50.0)),
+            "masked_accuracy": totals["correct"] / count,
+            "baseline_accuracy": totals["baseline_correct"] / count,
+            "num_targets": int(totals["count"]),
+        }
 
     def eval_batches(self, split: str) -> list[tuple[dict, dict]]:
         """The split's windows once, cloze-masked with EVAL_SEED: fixed (inputs, targets) batches."""
