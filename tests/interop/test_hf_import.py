@@ -302,12 +302,13 @@ def test_import_then_predict_and_fine_tune_from_it(tmp_path):
     refused = trainformer("train", "--run-dir", str(imported), check=False)
     assert refused.returncode == 2 and "an imported checkpoint, not a training run" in refused.stderr
 
-    config = RunDir(imported).load_config().model  # the classifier's encoder must have this shape
-    sizes = [f"model.{key}={getattr(config, key)}" for key in
-             ("d_model", "num_layers", "num_heads", "dff", "norm", "position", "activation", "max_length")]
-    result = trainformer("train", "--run-dir", str(tmp_path / "intent"), *[a for s in sizes for a in ("--set", s)],
+    # model.init_from alone: the encoder's sizes (post-LN, learned positions, exact GELU) are the import's
+    result = trainformer("train", "--run-dir", str(tmp_path / "intent"),
                          "--set", "task.type=classify", "--set", "data.corpus=chatterbot-zh-intents",
                          "--set", "data.valid_fraction=0.1", "--set", "data.test_fraction=0.1",
                          "--set", "data.seq_len=32", "--set", "train.batch_size=16", "--set", "train.steps=5",
                          "--set", f"model.init_from={imported}")
     assert f"encoder: from {imported}/checkpoints/ckpt-0" in result.stdout
+    source, tuned = (RunDir(path).load_config().model for path in (imported, tmp_path / "intent"))
+    sizes = ("d_model", "num_layers", "num_heads", "dff", "norm", "position", "activation", "max_length")
+    assert [getattr(tuned, key) for key in sizes] == [getattr(source, key) for key in sizes]

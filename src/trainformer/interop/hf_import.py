@@ -333,8 +333,5 @@ def _say_summary(say, source: Source, summary: dict) -> None:
     for note in summary["notes"]:
         say(f"note: {note}")
     say(f"run directory: {summary['run_dir']}")
-    shape = {"init_from": summary["run_dir"], "d_model": summary["d_model"], "num_layers": summary["layers"],
-             "num_heads": summary["heads"], "dff": summary["dff"], "norm": "post", "position": "learned",
-             "activation": summary["activation"], "max_length": summary["max_length"]}
-    say("to start a run from it: trainformer train CONFIG "
-        + " ".join(f"--set model.{key}={value}" for key, value in shape.items()))
+    # the encoder's sizes are in the run's config.yaml: a run started from it takes them there
+    say(f"to start a run from it: trainformer train CONFIG --set model.init_from={summary['run_dir']}")

@@ -21,6 +21,7 @@ from trainformer.model.layers import (
     PositionalEncoding,
     ReversibleEmbedding,
     TransformerBlock,
+    TransformerEncoderBlock,
     activation_function,
     attend,
     padding_keep,
@@ -32,6 +33,15 @@ def causal_keep(length):
     """(1, 1, length, length) bool: query i may look at keys 0..i."""
     positions = ops.arange(length)
     return ops.expand_dims(ops.expand_dims(positions[None, :] <= positions[:, None], 0), 0)
+
+
+def copy_weights(source: keras.layers.Layer, target: keras.layers.Layer) -> None:
+    """Give target (a Dense, LayerNormalization or Embedding) the values of source's weights,
+    which must have the same shapes: a copy, each layer keeps training its own."""
+    if [tuple(w.shape) for w in source.weights] != [tuple(w.shape) for w in target.weights]:
+        raise ValueError(f"{source.name} and {target.name} have weights of other shapes")
+    for theirs, ours in zip(source.weights, target.weights):
+        ours.assign(ops.convert_to_tensor(theirs))
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -80,6 +90,16 @@ class TransformerDecoderBlock(TransformerBlock):
         self._ffn_norm = layer_norm("ffn_norm")
         self._attention_dropout = keras.layers.Dropout(self.dropout, dtype=policy)
         self._residual_dropout = keras.layers.Dropout(self.dropout, dtype=policy)
+
+    def start_from(self, block: TransformerEncoderBlock) -> None:
+        """Take an encoder block's weights where this block computes what it does: the
+        self-attention (fused q/k/v and output; causal here), the feed-forward and the LayerNorm
+        of each. Cross-attention, which the encoder has none of, keeps its initialisation."""
+        pairs = ((block._qkv, self._self_qkv), (block._attention_output, self._self_output),
+                 (block._attention_norm, self._self_norm), (block._ffn_inner, self._ffn_inner),
+                 (block._ffn_output, self._ffn_output), (block._ffn_norm, self._ffn_norm))
+        for theirs, ours in pairs:
+            copy_weights(theirs, ours)
 
     def _split(self, x, parts):
         """(batch, t, parts * d) -> `parts` tensors (batch, t, heads, head_dim)."""
@@ -201,6 +221,36 @@ class TransformerDecoder(keras.layers.Layer):
     @property
     def blocks(self) -> list[TransformerDecoderBlock]:
         return [getattr(self, f"block_{index}") for index in range(self.num_layers)]
+
+    def warm_start_from(self, encoder) -> None:
+        """Start this (built) decoder from a pretrained encoder, as BERT2BERT does (Rothe et al.
+        2020, "Leveraging Pre-trained Checkpoints for Sequence Generation Tasks"): block i takes
+        encoder block i's self-attention, feed-forward and LayerNorms (TransformerDecoderBlock.
+        start_from); the embedding LayerNorm (post) or final LayerNorm (pre) and the learned
+        position vectors (as many as both have) take the encoder's; an untied token embedding
+        takes the encoder's values (a tied one is the encoder's already). Cross-attention and
+        the output bias keep their initialisation: the encoder has nothing that computes them.
+
+        encoder: a TransformerEncoder with the same width and at least as many blocks (a
+        decoder with more would have blocks no pretraining trained: ValueError).
+        """
+        if self.num_layers > encoder.num_layers:
+            raise ValueError(f"{self.num_layers} decoder blocks cannot start from {encoder.num_layers} encoder blocks")
+        for index, block in enumerate(self.blocks):
+            block.start_from(encoder.get_layer(f"block_{index}"))
+        norm = {"post": ("embeddings_norm", self._embedding_norm), "pre": ("final_norm", self._final_norm)}[self.norm]
+        copy_weights(encoder.get_layer(norm[0]), norm[1])
+        if self.position == "learned":
+            self._start_positions_from(encoder.get_layer("position_embedding").positions)
+        if self.token_embedding is not encoder.token_embedding:
+            copy_weights(encoder.token_embedding, self.token_embedding)
+
+    def _start_positions_from(self, table) -> None:
+        """The first positions of the encoder's learned table (all of ours when it has as many)."""
+        ours = self._positions.positions
+        shared = min(ours.shape[0], table.shape[0])
+        rows = ops.convert_to_tensor(table)[:shared]
+        ours.assign(ops.concatenate([rows, ops.convert_to_tensor(ours)[shared:]], axis=0))
 
     def _embed(self, target_ids, start, training):
         x = self.token_embedding(target_ids)  # (batch, t, d)
