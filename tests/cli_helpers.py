@@ -37,14 +37,22 @@ def start(*args, stdout=subprocess.DEVNULL) -> subprocess.Popen:
 
 def stop_after_first_step(*args) -> str:
     """Start `trainformer train ARGS`, SIGTERM it once it has logged a step; its stdout."""
+    return stop_after_line("step ", *args)
+
+
+def stop_after_line(prefix: str, *args) -> str:
+    """Start `trainformer train ARGS`, SIGTERM it once it has printed a line starting with
+    prefix (leading spaces aside); its whole stdout."""
     process = start("train", *args, stdout=subprocess.PIPE)
+    seen = []
     for line in process.stdout:
-        if line.startswith("step "):
+        seen.append(line)
+        if line.lstrip().startswith(prefix):
             break
     process.send_signal(signal.SIGTERM)
     stdout, _ = process.communicate(timeout=120)
     assert process.returncode == 0 and "SIGTERM: stopped at step" in stdout
-    return stdout
+    return "".join(seen) + stdout
 
 
 def read_metrics(run_dir):

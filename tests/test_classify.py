@@ -10,10 +10,12 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import ENV, TINY, read_metrics, stop_after_first_step, trainformer
+from cli_helpers import ENV, TINY, read_metrics, stop_after_first_step, stop_after_line, trainformer
 
 from trainformer.config import load_config
 from trainformer.model.heads import build_classifier, build_masked_lm
+from trainformer.run.inference import load_run
+from trainformer.run_dir import RunDir, resolve_train_config
 from trainformer.train.checkpoint import Checkpoints, restore_pretrained
 
 SPLIT = ["--set", "data.corpus=chatterbot-zh-intents", "--set", "data.valid_fraction=0.1",
@@ -108,7 +110,25 @@ def test_an_encoder_of_another_shape_is_refused_before_anything_is_written(pretr
     result = trainformer("train", "--run-dir", str(tmp_path / "run"), *TINY, *INTENTS, "--set", "model.d_model=64",
                          "--set", f"model.init_from={pretrained}", check=False)
     assert result.returncode == 2 and not (tmp_path / "run").exists()
-    assert f"model.d_model: 64 here but 32 in model.init_from={pretrained}" in result.stderr
+    assert f"model.d_model: 64 here but 32 in model.init_from={pretrained}; leave it out to take the source's" \
+        in result.stderr
+
+
+def test_a_fine_tune_naming_only_init_from_takes_the_encoder_sizes_of_that_run(pretrained, tmp_path):
+    """No size given (the finetuned fixture gives TINY's, which agree): the run's are the
+    pretraining run's, in its config.yaml, which loading the run and resuming it read."""
+    run_dir = tmp_path / "run"
+    stdout = trainformer("train", "--run-dir", str(run_dir), *INTENTS, "--set", "data.seq_len=32",
+                         "--set", "train.batch_size=16", "--set", "train.steps=2", "--set", "train.warmup_steps=1",
+                         "--set", f"model.init_from={pretrained}").stdout
+    assert "model: classify, 1 layers, d_model 32, 2 heads, dff 64, pre-LN" in stdout
+    assert f"encoder: from {pretrained}/checkpoints/ckpt-10" in stdout
+    m = RunDir(run_dir).load_config().model
+    assert (m.d_model, m.num_layers, m.num_heads, m.dff, m.dropout) == (32, 1, 2, 64, 0.0)  # dropout: not a size
+    _, classifier, _, step = load_run(run_dir)
+    assert step == 2 and (classifier.encoder.d_model, classifier.encoder.num_layers) == (32, 1)
+    config, run = resolve_train_config(None, ["train.steps=4"], run_dir)  # trainformer train --run-dir RUN
+    run.check_resume(config)
 
 
 def test_a_start_from_a_run_that_split_the_same_set_otherwise_is_refused(pretrained, tmp_path):
@@ -146,3 +166,81 @@ def test_a_stopped_classify_run_resumes_to_the_same_weights(tmp_path, pretrained
     assert digests[0] == digests[1]
     steps = [e["step"] for e in read_metrics(tmp_path / "stopped") if e.get("split") == "train"]
     assert steps == sorted(set(steps))
+
+
+# --- the fine-tuning keys: train.keep_best, train.layer_decay, model.pooling ---------------------
+
+FINE_TUNING = ["--set", "train.keep_best=true", "--set", "train.layer_decay=0.8", "--set", "model.pooling=mean",
+               "--set", "train.steps=40", "--set", "train.eval_every=10", "--set", "train.deterministic=true",
+               "--set", "train.precision=fp32"]
+
+
+def fine_tuning_args(pretrained) -> list[str]:
+    return [*TINY, *INTENTS, "--set", f"model.init_from={pretrained}", *FINE_TUNING]
+
+
+@pytest.fixture(scope="module")
+def kept_best(pretrained, tmp_path_factory):
+    """A 40-step fine-tune with all three keys, evaluated every 10 steps, stopped by SIGTERM once
+    its first eval was kept as the best, then resumed: (run_dir, stdout of each segment)."""
+    run_dir = tmp_path_factory.mktemp("kept_best") / "run"
+    first = stop_after_line("new best valid accuracy", "--run-dir", str(run_dir), *fine_tuning_args(pretrained))
+    resumed = trainformer("train", "--run-dir", str(run_dir)).stdout
+    return run_dir, first, resumed
+
+
+def valid_accuracies(run_dir) -> dict[int, float]:
+    return {m["step"]: m["accuracy"] for m in read_metrics(run_dir) if m.get("split") == "valid"}
+
+
+def test_keep_best_keeps_the_best_valid_accuracy_across_a_resume(kept_best):
+    run_dir, first, resumed = kept_best
+    assert "layer decay 0.8: learning rate x1 for the head, x0.8 for the top block" in first
+    assert "best checkpoint: by valid accuracy" in first and "the head pools the mean of the tokens" in first
+    accuracies = valid_accuracies(run_dir)
+    assert sorted(accuracies) == [10, 20, 30, 40]  # both segments'
+    best_step = max(accuracies, key=accuracies.get)  # the first of equals: a tie does not replace it
+    best = json.loads((run_dir / "checkpoints" / "best.json").read_text())
+    assert (best["step"], best["metric"]) == (best_step, "accuracy")
+    assert best["value"] == pytest.approx(accuracies[best_step], rel=1e-9)
+    assert tf.train.latest_checkpoint(str(run_dir / "checkpoints" / "best")).endswith(f"best-{best_step}")
+    assert f"best: valid accuracy {best['value']:.4f} at step {best_step}" in resumed
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["best_eval"]["step"] == best_step and manifest["final_eval"]["step"] == 40
+
+
+def test_eval_and_predict_use_the_best_checkpoint_and_say_so(kept_best):
+    run_dir = kept_best[0]
+    best = json.loads((run_dir / "checkpoints" / "best.json").read_text())
+    said = f"checkpoint: best (step {best['step']}, valid accuracy {best['value']:.4f})"
+    result = trainformer("eval", str(run_dir), "--json")
+    scores = json.loads(result.stdout)
+    assert said in result.stderr and scores["checkpoint"].endswith(f"best/best-{best['step']}")
+    assert scores["step"] == best["step"] and scores["accuracy"] == pytest.approx(best["value"], abs=1e-9)
+    latest = json.loads(trainformer("eval", str(run_dir), "--json", "--checkpoint", "latest").stdout)
+    assert latest["step"] == 40 and latest["checkpoint"].endswith("checkpoints/ckpt-40")
+    predicted = trainformer("predict", str(run_dir), "你好")
+    assert said in predicted.stderr and json.loads(predicted.stdout)["text"] == "你好"
+
+
+def test_export_uses_the_best_checkpoint_and_mean_pooling_passes_parity(kept_best, tmp_path):
+    """The SavedModel only: mean pooling's TFLite and ONNX forms are left to the export tests."""
+    run_dir = kept_best[0]
+    best = json.loads((run_dir / "checkpoints" / "best.json").read_text())
+    result = trainformer("export", str(run_dir), "--out", str(tmp_path / "base"), "--format", "saved_model")
+    assert f"checkpoint: best (step {best['step']}, valid accuracy" in result.stdout
+    metadata = json.loads((tmp_path / "base" / str(best["step"]) / "metadata.json").read_text())
+    assert metadata["step"] == best["step"] and metadata["checkpoint"] == f"checkpoints/best/best-{best['step']}"
+
+
+def test_the_stopped_fine_tune_resumes_to_the_weights_and_best_of_an_uninterrupted_one(kept_best, pretrained,
+                                                                                      tmp_path):
+    """Deterministic: the factors of layer decay are no state a resume could lose, and the best
+    record of the first segment is what the second one has to beat."""
+    assert "resuming from checkpoint" in kept_best[2]
+    trainformer("train", "--run-dir", str(tmp_path / "run"), *fine_tuning_args(pretrained))
+    runs = (kept_best[0], tmp_path / "run")
+    digests = [json.loads((run_dir / "manifest.json").read_text())["weights_sha256"] for run_dir in runs]
+    assert digests[0] == digests[1]
+    records = [json.loads((run_dir / "checkpoints" / "best.json").read_text()) for run_dir in runs]
+    assert (records[0]["step"], records[0]["value"]) == (records[1]["step"], records[1]["value"])

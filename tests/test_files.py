@@ -115,11 +115,11 @@ def test_manifest_survives_a_crash_while_it_is_rewritten(tmp_path, monkeypatch):
 
 def test_best_json_survives_a_crash_while_it_is_rewritten(tmp_path, monkeypatch):
     checkpoints = Checkpoints(tmp_path / "checkpoints", 1, step=tf.Variable(0, dtype=tf.int64))
-    assert checkpoints.save_if_best(10, 2.0)
+    assert checkpoints.save_if_best(10, {"loss": 2.0})
     before = json.loads(checkpoints.best_file.read_text())
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(OSError, match="simulated crash"):
-        checkpoints.save_if_best(20, 1.0)
+        checkpoints.save_if_best(20, {"loss": 1.0})
     assert json.loads(checkpoints.best_file.read_text()) == before
     assert before["step"] == 10 and before["valid_loss"] == 2.0
 

@@ -232,6 +232,16 @@ def test_sinusoidal_positions_are_refused(tmp_path):
     assert "\n" not in str(caught.value) and not (tmp_path / "out").exists()
 
 
+def test_mean_pooling_is_refused(tmp_path):
+    """BERT's pooler reads [CLS]: a BertForSequenceClassification would answer otherwise."""
+    run_dir = config_only_run(tmp_path / "run", "zh-intent", "model.norm=post", "model.position=learned",
+                              "model.pooling=mean")
+    with pytest.raises(UserError, match=r"model.pooling mean has no Hugging Face BERT equivalent \(BERT's pooler "
+                                        r"reads the \[CLS\] vector") as caught:
+        export_hf(run_dir, tmp_path / "out", say=quiet)
+    assert "\n" not in str(caught.value) and not (tmp_path / "out").exists()
+
+
 def test_out_is_replaced_only_when_it_is_an_earlier_hf_export(reexported, tmp_path):
     run_dir = reexported.parent / "run"
     mine = tmp_path / "mine"

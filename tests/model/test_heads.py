@@ -1,4 +1,7 @@
-"""The masked-LM model: encoder + head whose output matrix is the (tied) token embedding."""
+"""The masked-LM model: encoder + head whose output matrix is the (tied) token embedding; the
+classifier and its head, [CLS] or mean pooling."""
+
+import dataclasses
 
 import keras
 import numpy as np
@@ -213,3 +216,51 @@ def test_classifier_logits_are_float32_under_mixed_bfloat16():
     logits = model({k: v for k, v in make_inputs().items() if k != "masked_positions"}, training=False)
     assert logits.dtype == "float32" and np.all(np.isfinite(np.asarray(logits)))
     assert all(w.dtype == "float32" for w in model.weights)
+
+
+# --- mean pooling (model.pooling: mean) -------------------------------------------------------
+
+def test_mean_pooling_feeds_the_pooler_the_mean_of_the_unpadded_vectors():
+    head = ClassifierHead(num_labels=3, dropout=0.0, pooling="mean")
+    rng = np.random.default_rng(6)
+    sequence = rng.normal(size=(3, 7, D)).astype("float32")
+    mask = np.arange(7)[None] < np.array([[7], [4], [1]])  # 7, 4 and 1 tokens, the rest padding
+    logits = np.asarray(head(sequence, mask))
+    pooler_kernel, pooler_bias, kernel, bias = head.get_weights()
+    means = np.stack([row[keep].mean(axis=0) for row, keep in zip(sequence, mask)])  # numpy, over tokens only
+    expected = np.tanh(means @ pooler_kernel + pooler_bias) @ kernel + bias
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+    # what padding holds does not matter, only where it is
+    sequence[~mask] = 1e3
+    np.testing.assert_allclose(np.asarray(head(sequence, mask)), logits, rtol=1e-6, atol=1e-6)
+
+
+def test_mean_pooling_head_contract():
+    head = ClassifierHead(num_labels=2, dropout=0.1, pooling="mean", name="classifier_head")
+    assert head.get_config()["pooling"] == "mean"
+    assert ClassifierHead.from_config(head.get_config()).pooling == "mean"
+    assert ClassifierHead(num_labels=2).pooling == "cls"  # BERT's, the default
+    with pytest.raises(ValueError, match="pooling"):
+        ClassifierHead(num_labels=2, pooling="max")
+    with pytest.raises(ValueError, match="padding_mask"):
+        head(np.zeros((1, 3, D), "float32"))
+
+
+def test_a_mean_pooling_classifier_ignores_padding_and_round_trips(tmp_path):
+    """More [PAD] columns change nothing: attention masks them out of every token's vector and
+    the mean leaves them out; the .keras file keeps the pooling."""
+    keras.utils.set_random_seed(3)
+    config = ModelConfig(d_model=D, num_layers=1, num_heads=2, dff=64, dropout=0.0, pooling="mean")
+    model = build_classifier(config, VOCAB, MAX_LEN, num_labels=3)
+    ids = make_inputs(seq=10)["token_ids"]
+    padded = np.pad(ids, [(0, 0), (0, MAX_LEN - 10)])  # the same texts, padded 6 positions further
+    logits = np.asarray(model({"token_ids": ids, "padding_mask": ids != 0}))
+    longer = np.asarray(model({"token_ids": padded, "padding_mask": padded != 0}))
+    np.testing.assert_allclose(longer, logits, rtol=1e-5, atol=1e-6)
+    cls = build_classifier(dataclasses.replace(config, pooling="cls"), VOCAB, MAX_LEN, num_labels=3)
+    cls.set_weights(model.get_weights())  # the same weights pooled from [CLS]: another answer
+    assert not np.allclose(np.asarray(cls({"token_ids": ids, "padding_mask": ids != 0})), logits, atol=1e-4)
+    model.save(tmp_path / "mean.keras")
+    loaded = keras.saving.load_model(tmp_path / "mean.keras")
+    assert loaded.pooling == loaded.head.pooling == "mean" and model.get_config()["pooling"] == "mean"
+    np.testing.assert_array_equal(np.asarray(loaded({"token_ids": ids, "padding_mask": ids != 0})), logits)

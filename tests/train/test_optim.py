@@ -1,5 +1,12 @@
 """The learning-rate schedule, AdamW with weight decay on the real models' matrices only, the fp16
-dynamic loss scale, and the gradient transform that keeps AdamW on the dense math."""
+dynamic loss scale, the gradient transform that keeps AdamW on the dense math, and layer-wise
+learning-rate decay (train.layer_decay)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -7,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from trainformer.config import ModelConfig, load_config
-from trainformer.model.heads import build_classifier, build_masked_lm
+from trainformer.model.heads import build_classifier, build_masked_lm, layer_decay_multipliers
 from trainformer.run.session import build_trainer
 from trainformer.tasks.mlm import MaskedLMTask
 from trainformer.train.optim import DynamicLossScale, WarmupLinearDecay, dense_gradients, make_optimizer
@@ -216,3 +223,125 @@ def test_adamw_on_raw_slices_does_not_match_dense_math():
     embedding = make_embedding()
     raw = train_three_steps(lambda: embedding_gradient(embedding), embedding.trainable_variables)
     assert np.abs(raw - one_hot_reference()).max() > 1e-3
+
+
+# --- layer-wise learning-rate decay (train.layer_decay) -------------------------------------
+# AdamW's first step moves every weight by lr * g / (|g| + eps'): by the learning rate itself
+# wherever the gradient is not tiny. So max |update| / lr of a variable is the factor its rate
+# was scaled by, whatever its gradient: the step shows which rate each variable got.
+
+LR, LABELS = 1e-3, ["neg", "pos", "neutral"]
+
+
+def expected_factor(path: str, decay: float) -> float:
+    """The rule for a 2-block classifier, written out by name (not by the code under test): the
+    head at the full rate, the top block (and the pre-LN final norm on it) x decay, block 0
+    x decay^2, everything under the blocks x decay^3."""
+    if path.startswith("classifier_head/"):
+        return 1.0
+    if path.startswith(("block_1/", "final_norm/")):
+        return decay
+    if path.startswith("block_0/"):
+        return decay**2
+    if path.startswith(("token_embedding/", "position_embedding/", "embeddings_norm/")):
+        return decay**3
+    raise AssertionError(f"a variable the rule does not cover: {path}")
+
+
+def layer_decay_config(decay: float, norm: str = "pre", position: str = "sinusoidal", weight_decay: float = 0.0):
+    return load_config(None, [
+        "task.type=classify", "model.d_model=16", "model.num_layers=2", "model.num_heads=2", "model.dff=32",
+        f"model.norm={norm}", f"model.position={position}", "data.seq_len=8", "train.batch_size=8", "train.steps=10",
+        "train.warmup_steps=0", f"train.learning_rate={LR}", f"train.weight_decay={weight_decay}",
+        f"train.layer_decay={decay}", "train.precision=fp32"])
+
+
+def first_step_factors(config, strategy) -> dict[str, float]:
+    """One real Trainer step (build_trainer: what `train` runs) on a fixed batch: {variable
+    path: max |update| / learning rate}."""
+    from trainformer.data.pipeline import distribute
+    from trainformer.tasks.classify import ClassifyTask
+
+    task = ClassifyTask(config)
+    task.vocab_size, task.labels = 50, LABELS  # what prepare() would read from the run
+    keras.utils.set_random_seed(0)
+    trainer = build_trainer(config, task, strategy)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, 50, (8, 8)).astype("int32")
+    ids[:, 6:] = 0  # some padding
+    batch = ({"token_ids": ids, "padding_mask": ids != 0}, {"labels": rng.integers(0, 3, 8).astype("int32")})
+    before = {v.path: v.numpy() for v in trainer.model.trainable_variables}
+    trainer.train_step(iter(distribute(strategy, tf.data.Dataset.from_tensors(batch).repeat())))
+    return {v.path: float(np.abs(v.numpy() - before[v.path]).max()) / LR for v in trainer.model.trainable_variables}
+
+
+@pytest.mark.parametrize("decay, norm, position", [(0.5, "pre", "sinusoidal"), (0.5, "post", "learned"),
+                                                   (1.0, "pre", "sinusoidal")])
+def test_layer_decay_gives_each_layer_its_learning_rate(decay, norm, position):
+    """decay 1.0 is the control (Keras's own step): every factor 1. Post-LN with learned
+    positions has the embeddings norm and position table; pre-LN the final norm."""
+    factors = first_step_factors(layer_decay_config(decay, norm, position), tf.distribute.get_strategy())
+    for path, factor in factors.items():
+        assert factor == pytest.approx(expected_factor(path, decay), rel=1e-2), path
+
+
+def test_layer_decay_scales_the_decoupled_weight_decay_too():
+    """Zero gradients: only weight decay moves a weight, by lr * wd * factor * w (matrices; no
+    bias or LayerNorm is decayed at any depth)."""
+    model = build_classifier(ModelConfig(d_model=16, num_layers=2, num_heads=2, dff=32, dropout=0.0), 50, 8, 3)
+    variables = model.trainable_variables
+    optimizer = make_optimizer(peak=0.1, warmup_steps=0, total_steps=10, weight_decay=0.5,
+                               lr_multipliers=layer_decay_multipliers(model, 0.5))
+    optimizer.build(variables)
+    for variable in variables:
+        variable.assign(np.ones(variable.shape, "float32"))
+    optimizer.apply([tf.zeros(v.shape) for v in variables], variables)
+    for variable in variables:
+        decayed = 1.0 - variable.numpy()
+        expected = 0.1 * 0.5 * expected_factor(variable.path, 0.5) if len(variable.shape) >= 2 else 0.0
+        np.testing.assert_allclose(decayed, expected, rtol=1e-5, atol=1e-7, err_msg=variable.path)
+
+
+def test_layer_decay_leaves_the_checkpointed_optimizer_state_as_it_was(tmp_path):
+    """The factors live in the config, not in variables: a checkpoint holds the same slots with
+    or without them, so either restores the other's."""
+    names = []
+    for multipliers in (False, True):
+        model = build_classifier(ModelConfig(d_model=16, num_layers=1, num_heads=2, dff=32), 50, 8, 3)
+        optimizer = make_optimizer(1e-3, 0, 10, 0.01, layer_decay_multipliers(model, 0.8) if multipliers else None)
+        optimizer.build(model.trainable_variables)
+        path = tf.train.Checkpoint(optimizer=optimizer).save(str(tmp_path / f"{multipliers}/ckpt"))
+        names.append([name for name, _ in tf.train.list_variables(path)])
+    assert names[0] == names[1]
+
+
+def test_a_variable_without_a_factor_is_an_error():
+    kernel = keras.Variable(np.ones(3, "float32"), name="kernel")
+    bias = keras.Variable(np.ones(3, "float32"), name="bias")
+    optimizer = make_optimizer(1e-3, 0, 10, 0.0, lr_multipliers={kernel.path: 0.5})
+    with pytest.raises(ValueError, match="no factor for bias"):
+        optimizer.build([kernel, bias])
+
+
+MIRRORED = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from trainformer.config import RuntimeConfig
+from trainformer.train.strategy import configure_devices, make_strategy
+configure_devices(RuntimeConfig(cpu_devices=2))
+from test_optim import first_step_factors, layer_decay_config
+strategy = make_strategy("mirrored")
+print(json.dumps([strategy.num_replicas_in_sync, first_step_factors(layer_decay_config(0.5), strategy)]))
+"""
+
+
+def test_layer_decay_under_mirrored_strategy_on_two_cpus():
+    """Each replica updates its copy of a variable: the factor is found for the copy too."""
+    here = str(Path(__file__).parent)
+    result = subprocess.run([sys.executable, "-c", MIRRORED, here], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    replicas, factors = json.loads(result.stdout.strip().splitlines()[-1])
+    assert replicas == 2 and len(factors) == 31  # every trainable variable of the pre-LN 2-block classifier
+    for path, factor in factors.items():
+        assert factor == pytest.approx(expected_factor(path, 0.5), rel=1e-2), path

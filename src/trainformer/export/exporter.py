@@ -44,9 +44,9 @@ TOKENIZER_SCRIPT = Path(__file__).with_name("wordpiece_tokenizer.py")  # stdlib 
 VERSIONS = ("trainformer", "tensorflow", "tensorflow-text", "keras", "tf2onnx", "onnxruntime", "ai-edge-litert")
 
 
-def export_run(run_dir: Path, out: Path | None = None, formats=None, which: str = "latest", quantize=(),
+def export_run(run_dir: Path, out: Path | None = None, formats=None, which: str | None = None, quantize=(),
                say=print, version: int | None = None, keep: int | None = None, overrides=()) -> dict:
-    """Export a run's latest or best checkpoint as version `version` (default: its step) of
+    """Export a run's latest or best checkpoint (None: load_run's choice) as version `version` (default: its step) of
     the export base `out` (default RUN_DIR/export); `keep` prunes all but the newest versions
     after it; `overrides` (decode.KEY=VALUE) decode a seq2seq run otherwise than it trained.
     formats=None: every format the task has. Returns the metadata written to metadata.json,
@@ -57,7 +57,7 @@ def export_run(run_dir: Path, out: Path | None = None, formats=None, which: str 
     formats = TASK_FORMATS.get(task_type, FORMATS) if formats is None else tuple(formats)
     _check_request(task_type, formats, quantize, version, keep, overrides)
     versions.check_base(base)
-    task, model, checkpoint, step = load_run(run_dir, which, precision="fp32", overrides=overrides)
+    task, model, checkpoint, step = load_run(run_dir, which, precision="fp32", overrides=overrides, say=say)
     version = step if version is None else version
     versions.check_version(base, version)
     serving = task.serving(model)

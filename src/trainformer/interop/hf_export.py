@@ -12,7 +12,8 @@ Every weight goes through bert_mapping.py's Ties, the table `import hf` reads th
 importing an export gives back every variable bit for bit (tests/interop/test_hf_export.py).
 Refused with one line naming the setting (exit 2): a seq2seq run, `model.norm: pre` (BERT is
 post-LN), `model.position: sinusoidal` (BERT learns its positions and does not scale the token
-embeddings by sqrt(d_model)); those runs export as saved_model, tflite or onnx.
+embeddings by sqrt(d_model)), `model.pooling: mean` (BERT's pooler reads [CLS]); those runs
+export as saved_model, tflite or onnx.
 
 The folder is written into a hidden sibling and renamed into place when complete, so a crash
 never leaves half an export. --out may be new, empty, or an earlier HF export (recognised by
@@ -48,7 +49,7 @@ from trainformer.model.heads import build_classifier, build_masked_lm
 from trainformer.run_dir import RunDir
 from trainformer.tasks.classify import LABELS_FILE
 from trainformer.tokens import SPECIAL_TOKENS
-from trainformer.train.checkpoint import find_checkpoint
+from trainformer.train.checkpoint import choose_checkpoint
 
 WEIGHTS_FILE = "model.safetensors"
 FAST_TOKENIZER_FILE = "tokenizer.json"  # transformers' name (the run's own tokenizer.json is another file)
@@ -59,12 +60,14 @@ UNMAPPABLE = (
     ("norm", "pre", "BERT normalises after each residual (model.norm post)"),
     ("position", "sinusoidal", "BERT learns its positions and does not scale the token embeddings by "
                                "sqrt(d_model) (model.position learned)"),
+    ("pooling", "mean", "BERT's pooler reads the [CLS] vector (model.pooling cls)"),
 )
 SPECIAL_NAMES = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), SPECIAL_TOKENS))
 
 
-def export_hf(run_dir: Path, out: Path, which: str = "latest", say=print) -> dict:
-    """Write run_dir's latest or best checkpoint into out as a Hugging Face BERT folder;
+def export_hf(run_dir: Path, out: Path, which: str | None = None, say=print) -> dict:
+    """Write run_dir's latest or best checkpoint (None: the best if the run kept one by valid
+    accuracy, train.keep_best, else the latest) into out as a Hugging Face BERT folder;
     returns its config.json. UserError (one line, nothing written) for a run BERT cannot express."""
     run, out = RunDir(Path(run_dir)), Path(out)
     config = run.load_config()
@@ -72,7 +75,7 @@ def export_hf(run_dir: Path, out: Path, which: str = "latest", say=print) -> dic
     _check_out(out)
     vocab = (run.tokenizer_dir / VOCAB_FILE).read_text(encoding="utf-8").splitlines()
     labels = _labels(run) if config.task.type == "classify" else None
-    model, checkpoint, step = _restore(run, config, len(vocab), labels, which)
+    model, checkpoint, step = _restore(run, config, len(vocab), labels, which, say)
     tensors = {full_name(name): value for tie in model_ties(model) for name, value in tie.to_hf().items()}
     tensors[full_name(TOKEN_TYPE_TABLE)] = zero_token_types(config.model.d_model)
     hf_config = bert_config(config, len(vocab), labels)
@@ -122,14 +125,16 @@ def _labels(run: RunDir) -> list[str]:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def _restore(run: RunDir, config: ExperimentConfig, vocab_size: int, labels, which: str):
+def _restore(run: RunDir, config: ExperimentConfig, vocab_size: int, labels, which: str | None, say):
     """The run's model in float32 with every weight from the checkpoint: (model, path, step)."""
     max_length = config.model.max_length or config.data.seq_len
     if labels is None:
         model = build_masked_lm(config.model, vocab_size, max_length)
     else:
         model = build_classifier(config.model, vocab_size, max_length, len(labels))
-    path = find_checkpoint(run.checkpoints_dir, which)
+    path, description = choose_checkpoint(run.checkpoints_dir, which, config.train.keep_best)
+    if description:
+        say(f"checkpoint: {description}")
     step = tf.Variable(0, dtype=tf.int64)
     try:  # every weight, or an error: a weight left at its initial value would export silently
         tf.train.Checkpoint(model=model, step=step).restore(path).expect_partial().assert_existing_objects_matched()

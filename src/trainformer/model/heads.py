@@ -9,6 +9,8 @@ from trainformer.config import ModelConfig
 from trainformer.model.encoder import TransformerEncoder
 from trainformer.model.layers import PACKAGE, ReversibleEmbedding, activation_function
 
+POOLINGS = ("cls", "mean")  # what a ClassifierHead's pooler reads: [CLS], or the mean of the tokens
+
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class MaskedLMHead(keras.layers.Layer):
@@ -93,30 +95,36 @@ class MaskedLM(keras.Model):
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class ClassifierHead(keras.layers.Layer):
-    """Scores a whole sequence from its first ([CLS]) vector: BERT's pooler (dense + tanh),
-    dropout, then a linear layer onto the labels.
+    """Scores a whole sequence from its first ([CLS]) vector, or from the mean of its vectors:
+    BERT's pooler (dense + tanh), dropout, then a linear layer onto the labels.
 
     Args:
         num_labels: number of classes.
         dropout: dropout rate on the pooled vector.
+        pooling: "cls" (the first position's vector, BERT's) or "mean" (the mean over the
+            positions padding_mask marks as tokens: padding never changes the result).
 
     Sublayers: `pooler` (Dense d_model, tanh: where an imported Hugging Face BERT's
     `bert.pooler.dense` goes), `dropout`, `logits` (Dense num_labels, computed in float32: the
     softmax of the loss needs the precision, and the layer is tiny).
 
-    Call: sequence (batch, seq, d) -> logits (batch, num_labels) float32.
+    Call: (sequence (batch, seq, d), padding_mask (batch, seq) bool, needed by "mean") -> logits
+    (batch, num_labels) float32.
 
     Example:
-        head = ClassifierHead(num_labels=2, dropout=0.1)
-        logits = head(encoder(inputs))  # (batch, 2)
+        head = ClassifierHead(num_labels=2, dropout=0.1, pooling="mean")
+        logits = head(encoder(inputs), inputs["padding_mask"])  # (batch, 2)
     """
 
-    def __init__(self, num_labels: int, dropout: float = 0.1, **kwargs):
+    def __init__(self, num_labels: int, dropout: float = 0.1, pooling: str = "cls", **kwargs):
         super().__init__(**kwargs)
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling: {pooling!r} is not one of {', '.join(POOLINGS)}")
         self.num_labels = num_labels
         self.dropout = dropout
+        self.pooling = pooling
 
-    def build(self, sequence_shape):
+    def build(self, sequence_shape, padding_mask_shape=None):
         d_model = sequence_shape[-1]
         self.pooler = keras.layers.Dense(d_model, activation="tanh", name="pooler", dtype=self.dtype_policy)
         self.pooler.build((None, d_model))
@@ -124,15 +132,32 @@ class ClassifierHead(keras.layers.Layer):
         self.logits = keras.layers.Dense(self.num_labels, name="logits", dtype="float32")
         self.logits.build((None, d_model))
 
-    def call(self, sequence, training=None):
-        pooled = self.pooler(sequence[:, 0, :])  # (batch, d): the [CLS] position
+    def call(self, sequence, padding_mask=None, training=None):
+        if self.pooling == "mean":
+            if padding_mask is None:
+                raise ValueError("pooling='mean' needs the padding_mask")
+            summary = masked_mean(sequence, padding_mask)
+        else:
+            summary = sequence[:, 0, :]  # the [CLS] position
+        pooled = self.pooler(summary)  # (batch, d)
         return self.logits(ops.cast(self._dropout(pooled, training=training), "float32"))  # (batch, labels)
 
-    def compute_output_shape(self, sequence_shape):
+    def compute_output_shape(self, sequence_shape, padding_mask_shape=None):
         return (sequence_shape[0], self.num_labels)
 
     def get_config(self):
-        return {**super().get_config(), "num_labels": self.num_labels, "dropout": self.dropout}
+        return {**super().get_config(), "num_labels": self.num_labels, "dropout": self.dropout,
+                "pooling": self.pooling}
+
+
+def masked_mean(sequence, padding_mask):
+    """The mean of sequence (batch, seq, d) over the positions where padding_mask is true:
+    (batch, d), summed in float32 (a bf16 sum of a long text's vectors loses digits), in
+    sequence's dtype. A row without any token gives zeros, not NaN."""
+    weights = ops.expand_dims(ops.cast(padding_mask, "float32"), -1)  # (batch, seq, 1); not [..., None]: TFLite
+    total = ops.sum(ops.cast(sequence, "float32") * weights, axis=1)
+    count = ops.maximum(ops.sum(weights, axis=1), 1.0)
+    return ops.cast(total / count, sequence.dtype)
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -141,25 +166,29 @@ class Classifier(keras.Model):
 
     Inputs: token_ids, padding_mask (batch, seq); token_ids start with [CLS].
     Output: (batch, num_labels) float32 logits.
+    pooling: the head's, "cls" or "mean" (see ClassifierHead).
     """
 
-    def __init__(self, encoder: TransformerEncoder, num_labels: int, dropout: float = 0.1, **kwargs):
+    def __init__(self, encoder: TransformerEncoder, num_labels: int, dropout: float = 0.1, pooling: str = "cls",
+                 **kwargs):
         inputs = {
             "token_ids": keras.Input((None,), dtype="int32", name="token_ids"),
             "padding_mask": keras.Input((None,), dtype="bool", name="padding_mask"),
         }
         sequence = encoder(inputs)
-        head = ClassifierHead(num_labels, dropout, name="classifier_head", dtype=encoder.dtype_policy)
-        logits = head(sequence)
+        head = ClassifierHead(num_labels, dropout, pooling, name="classifier_head", dtype=encoder.dtype_policy)
+        # [CLS] pooling leaves the mask out of the head: its graph, and every export of it, as before
+        logits = head(sequence, inputs["padding_mask"]) if pooling == "mean" else head(sequence)
         super().__init__(inputs=inputs, outputs=logits, **kwargs)
         self.encoder = encoder
         self.head = head
         self.num_labels = num_labels
         self.dropout = dropout
+        self.pooling = pooling
 
     def get_config(self):
         return {"name": self.name, "encoder": keras.saving.serialize_keras_object(self.encoder),
-                "num_labels": self.num_labels, "dropout": self.dropout}
+                "num_labels": self.num_labels, "dropout": self.dropout, "pooling": self.pooling}
 
     @classmethod
     def from_config(cls, config):
@@ -188,6 +217,33 @@ def build_masked_lm(config: ModelConfig, vocab_size: int, max_length: int, dtype
 def build_classifier(config: ModelConfig, vocab_size: int, max_length: int, num_labels: int,
                      dtype=None) -> Classifier:
     """The classification model for a model config: encoder + ClassifierHead (dropout:
-    config.dropout); `dtype` is a Keras dtype policy name."""
+    config.dropout, pooling: config.pooling); `dtype` is a Keras dtype policy name."""
     return Classifier(build_encoder(config, vocab_size, max_length, dtype), num_labels, config.dropout,
-                      name="classifier")
+                      config.pooling, name="classifier")
+
+
+def layer_decay_multipliers(model: Classifier, decay: float) -> dict[str, float]:
+    """Layer-wise learning-rate decay (ELECTRA's fine-tuning, Clark et al. 2020): {trainable
+    variable path: learning-rate factor}. The head (pooler included: it is trained for the
+    labels) gets 1, the top encoder block decay, the one below decay^2, ..., block 0
+    decay^num_layers and everything under the blocks (token and position embeddings, the
+    post-LN embeddings norm) decay^(num_layers + 1). A pre-LN encoder's final norm sits on
+    the top block's output and goes with it.
+
+    Found by the model's structure (which layer owns which variable), not by matching names."""
+    encoder, layers = model.encoder, model.encoder.num_layers
+    factors = {id(v): 1.0 for v in model.head.trainable_variables}
+    for layer in encoder.layers:
+        if layer.name.startswith("block_"):
+            depth = layers - int(layer.name.removeprefix("block_"))  # the top block: 1
+        elif layer.name == "final_norm":
+            depth = 1
+        else:
+            depth = layers + 1  # embeddings, positions, their norm
+        factors.update({id(v): decay**depth for v in layer.trainable_variables})
+    multipliers = {}
+    for variable in model.trainable_variables:
+        if id(variable) not in factors or variable.path in multipliers:
+            raise ValueError(f"layer_decay_multipliers: {variable.path} is not one variable of the encoder or head")
+        multipliers[variable.path] = factors[id(variable)]
+    return multipliers

@@ -11,15 +11,17 @@ from trainformer.config import ExperimentConfig, apply_override, validate
 from trainformer.errors import UserError
 from trainformer.run_dir import RunDir
 from trainformer.tasks import load_source, task_for
-from trainformer.train.checkpoint import find_checkpoint, restore_model
+from trainformer.train.checkpoint import choose_checkpoint, restore_model
 from trainformer.train.precision import resolved
 from trainformer.train.strategy import make_strategy
 
 DECODE_KEYS = "decode.strategy, decode.beam_size, decode.length_penalty, decode.max_length"
 
 
-def load_run(run_dir: Path, which: str = "latest", precision: str | None = None, overrides=()):
-    """(task, model, checkpoint path, step) of a run's latest or best checkpoint. The task's
+def load_run(run_dir: Path, which: str | None = None, precision: str | None = None, overrides=(), say=None):
+    """(task, model, checkpoint path, step) of a run's latest or best checkpoint (which=None:
+    the best if the run kept one by valid accuracy, train.keep_best, else the latest; `say`
+    hears "checkpoint: best (step N, valid accuracy X)" when that matters). The task's
     data comes from the run's cache, so the corpus may have moved since training; only a run
     whose cache was deleted reads its corpus again. `precision` (e.g. "fp32") builds the model
     in another precision than the run trained in (checkpoints hold float32 weights);
@@ -29,7 +31,9 @@ def load_run(run_dir: Path, which: str = "latest", precision: str | None = None,
     if precision:
         config = dataclasses.replace(config, train=dataclasses.replace(config.train, precision=precision))
     config, _ = resolved(config)  # auto -> what this machine computes in (weights are float32 either way)
-    path = find_checkpoint(run.checkpoints_dir, which)
+    path, description = choose_checkpoint(run.checkpoints_dir, which, config.train.keep_best)
+    if description and say:
+        say(f"checkpoint: {description}")
     task = task_for(config)
     if not task.prepare_from_cache(run):
         task.prepare(run, load_source(config), say=lambda text: None, may_create_vocabulary=False)
@@ -55,11 +59,11 @@ def with_decode_overrides(config: ExperimentConfig, overrides) -> ExperimentConf
     return config
 
 
-def evaluate(run_dir: Path, split: str = "valid", which: str = "latest", overrides=(), say=None) -> dict:
+def evaluate(run_dir: Path, split: str = "valid", which: str | None = None, overrides=(), say=None) -> dict:
     """Score a run's checkpoint on a split with its task's metrics; a task that generates text
     also writes its outputs beside the references (RUN_DIR/eval/<split>-<step>.jsonl), and
     tells `say` how far its decoding is."""
-    task, model, path, step = load_run(run_dir, which, overrides=overrides)
+    task, model, path, step = load_run(run_dir, which, overrides=overrides, say=say)
     generates_text = hasattr(task, "save_outputs")
     evaluator = task.evaluator(model, progress=say) if generates_text else task.evaluator(model)
     metrics = {**evaluator(split), "step": step, "split": split, "checkpoint": path}
@@ -68,12 +72,12 @@ def evaluate(run_dir: Path, split: str = "valid", which: str = "latest", overrid
     return metrics
 
 
-def predictor(run_dir: Path, which: str = "latest", nbest: bool = False, warn=None):
+def predictor(run_dir: Path, which: str | None = None, nbest: bool = False, warn=None):
     """answer(texts) -> one dict per text: the task's answer (classify: label and
     probabilities; mlm: the top tokens for each [MASK]; seq2seq: the output text, with nbest
     the beam's hypotheses too), through the same in-graph functions an export saves. The
     model loads once. `warn(line)` hears about answers not to trust (an untrained head)."""
-    task, model, _, _ = load_run(run_dir, which)
+    task, model, _, _ = load_run(run_dir, which, say=warn)
     serving = task.serving(model)
     if nbest and task.config.task.type != "seq2seq":
         raise UserError(f"--nbest: {run_dir} is a {task.config.task.type} run; only seq2seq runs decode with a beam")

@@ -16,7 +16,7 @@ from trainformer.data.tokenizer import Tokenizer, frame
 from trainformer.errors import UserError
 from trainformer.files import write_atomic
 from trainformer.images import colorize, plain_font
-from trainformer.model.heads import build_classifier
+from trainformer.model.heads import build_classifier, layer_decay_multipliers
 from trainformer.run_dir import RunDir
 from trainformer.tasks import dtype_policy
 from trainformer.tasks.serving import TEXT, TaskServing
@@ -117,6 +117,12 @@ class ClassifyTask:
         return build_classifier(c.model, self.vocab_size, c.model.max_length or c.data.seq_len, len(self.labels),
                                 dtype=dtype_policy(c.train.precision))
 
+    def learning_rate_multipliers(self, model: keras.Model) -> dict[str, float] | None:
+        """{variable path: learning-rate factor} under train.layer_decay; None when it is off
+        (1.0), so the optimizer steps as it always has."""
+        decay = self.config.train.layer_decay
+        return layer_decay_multipliers(model, decay) if decay != 1.0 else None
+
     def train_batches(self, start_batch: int) -> tf.data.Dataset:
         t = self.config.train
         return train_dataset(self.examples["train"], t.batch_size, t.seed, self.config.data.seq_len, start_batch)
@@ -165,8 +171,9 @@ class ClassifyTask:
         t = self.config.train
         accumulate = f" x {t.accumulate} accumulated" if t.accumulate > 1 else ""
         sizes = " / ".join(f"{len(self.examples[split]['lengths']):,} {split}" for split in SPLITS)
+        pooling = "; the head pools the mean of the tokens" if self.config.model.pooling == "mean" else ""
         return [f"examples: {sizes}, {len(self.labels)} labels, up to {self.config.data.seq_len} tokens "
-                f"(length-bucketed batches); batch {t.batch_size}{accumulate}"]
+                f"(length-bucketed batches); batch {t.batch_size}{accumulate}{pooling}"]
 
     @staticmethod
     def result_lines(final: dict) -> list[str]:

@@ -19,6 +19,8 @@ import tensorflow as tf
 from trainformer.errors import UserError
 from trainformer.files import write_atomic
 
+BEST_FILE = "best.json"  # in the checkpoints folder: which eval best/ holds, and its metrics
+
 
 def dropout_seed_states(model: keras.Model) -> list[tf.Variable]:
     """Keras 3 dropout SeedGenerator states, which tf.train.Checkpoint does not track through
@@ -35,13 +37,22 @@ def weights_digest(model: keras.Model) -> str:
 
 
 class Checkpoints:
-    """The checkpoints of one run: the last `keep` by step, plus the best by valid loss."""
+    """The checkpoints of one run: the last `keep` by step, plus the best by one valid metric:
+    `best_metric` (default the loss, lower is better; an accuracy with higher_is_better).
 
-    def __init__(self, folder: Path, keep: int, **trackables):
+    The best one's record, best.json ({"step", "metric", "value", "valid_loss", "path"}), is
+    rewritten atomically after its checkpoint is saved, and read from disk at each eval, so a
+    resumed run goes on beating the best of the run so far, not of its own segment.
+    """
+
+    def __init__(self, folder: Path, keep: int, best_metric: str = "loss", higher_is_better: bool = False,
+                 **trackables):
         self.checkpoint = tf.train.Checkpoint(**trackables)
         self.latest = tf.train.CheckpointManager(self.checkpoint, str(folder), max_to_keep=keep, checkpoint_name="ckpt")
         self.best = tf.train.CheckpointManager(self.checkpoint, str(folder / "best"), max_to_keep=1, checkpoint_name="best")
-        self.best_file = folder / "best.json"
+        self.best_file = folder / BEST_FILE
+        self.best_metric = best_metric
+        self.higher_is_better = higher_is_better
 
     def restore_latest(self, warn=print) -> str | None:
         """Restore the newest checkpoint that loads; returns its path (None: no checkpoints).
@@ -67,17 +78,52 @@ class Checkpoints:
     def save(self, step: int) -> str:
         return self.latest.save(checkpoint_number=step)
 
-    def best_loss(self) -> float:
-        if not self.best_file.is_file():
-            return float("inf")
-        return json.loads(self.best_file.read_text())["valid_loss"]
+    def best_value(self) -> float | None:
+        """The best valid `best_metric` so far (None: no eval was saved as the best yet, or the
+        record was kept by another metric)."""
+        record = read_best_record(self.best_file.parent)
+        return record["value"] if record and record["metric"] == self.best_metric else None
 
-    def save_if_best(self, step: int, valid_loss: float) -> bool:
-        if not valid_loss < self.best_loss():
+    def save_if_best(self, step: int, metrics: dict) -> bool:
+        """Save a checkpoint into best/ if this eval's metrics beat the best so far; whether it did.
+
+        Should the process die between the checkpoint and its record, best/ holds a checkpoint
+        better than the record says: the next eval compares against the record (the older,
+        lower bar), so best/ never holds one worse than the record, nor a half-written one."""
+        value, best = float(metrics[self.best_metric]), self.best_value()
+        if best is not None and not (value > best if self.higher_is_better else value < best):
             return False
         path = self.best.save(checkpoint_number=step)
-        write_atomic(self.best_file, json.dumps({"step": step, "valid_loss": valid_loss, "path": path}) + "\n")
+        record = {"step": step, "metric": self.best_metric, "value": value, "valid_loss": float(metrics["loss"]),
+                  "path": path}
+        write_atomic(self.best_file, json.dumps(record) + "\n")
         return True
+
+
+def read_best_record(folder: Path) -> dict | None:
+    """best.json of a run's checkpoints folder, or None. A record of a run from before
+    train.keep_best (no "metric") was by the valid loss."""
+    path = folder / BEST_FILE
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    if "metric" not in record:
+        record.update(metric="loss", value=record["valid_loss"])
+    return record
+
+
+def checkpoint_step(path: str) -> int:
+    """The step a checkpoint was saved at, from its name (ckpt-N, best-N)."""
+    return int(path.rsplit("-", 1)[1])
+
+
+def describe_best(folder: Path, path: str) -> str:
+    """"best (step N, valid accuracy 0.8123)" for the checkpoint at path in folder/best (the
+    value only when best.json describes that very checkpoint)."""
+    step, record = checkpoint_step(path), read_best_record(folder)
+    if record is None or record["step"] != step:
+        return f"best (step {step})"
+    return f"best (step {step}, valid {record['metric'].replace('_', ' ')} {record['value']:.4f})"
 
 
 def find_checkpoint(folder: Path, which: str = "latest") -> str:
@@ -86,9 +132,24 @@ def find_checkpoint(folder: Path, which: str = "latest") -> str:
     if path is not None:
         return path
     if which == "best" and tf.train.latest_checkpoint(str(folder)):
-        raise UserError(f"{folder}: no best checkpoint yet (one is saved at each eval that lowers the valid "
-                        f"loss); use --checkpoint latest")
+        raise UserError(f"{folder}: no best checkpoint yet (one is saved at each eval that beats the best valid "
+                        f"loss, or accuracy with train.keep_best); use --checkpoint latest")
     raise UserError(f"{folder.parent}: no checkpoint yet (the first is saved after train.checkpoint_every steps)")
+
+
+def choose_checkpoint(folder: Path, which: str | None, keep_best: bool) -> tuple[str, str | None]:
+    """(path, what to tell the user about it or None) of the checkpoint eval, predict and export
+    load. which: "latest", "best", or None: best/ when the run kept its best by valid accuracy
+    (train.keep_best) and has one, else the latest. Choosing the latest is said only where the
+    run has a best checkpoint the user might have expected."""
+    if which is None:
+        has_best = tf.train.latest_checkpoint(str(folder / "best")) is not None
+        which = "best" if keep_best and has_best else "latest"
+        if keep_best and not has_best:
+            path = find_checkpoint(folder, "latest")
+            return path, f"latest (step {checkpoint_step(path)}): no eval has been kept as the best yet"
+    path = find_checkpoint(folder, which)
+    return path, describe_best(folder, path) if which == "best" else None
 
 
 def restore_model(model: keras.Model, path: str) -> int:

@@ -214,8 +214,9 @@ class Trainer:
                     monitor.log_eval(step, metrics)
                     if on_eval:
                         on_eval(monitor, step, metrics)
-                    if checkpoints.save_if_best(step, metrics["loss"]):
-                        monitor.say(f"  new best valid loss: saved {checkpoints.best.latest_checkpoint}")
+                    if checkpoints.save_if_best(step, metrics):
+                        metric = checkpoints.best_metric.replace("_", " ")
+                        monitor.say(f"  new best valid {metric}: saved {checkpoints.best.latest_checkpoint}")
             if step % config.checkpoint_every == 0 or last:
                 with monitor.not_training():
                     checkpoints.save(step)

@@ -29,22 +29,67 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
 
 
 class AdamW(keras.optimizers.AdamW):
-    """Keras AdamW that applies the gradients it is given.
+    """Keras AdamW that applies the gradients it is given, optionally with a learning rate of
+    its own for each variable.
 
     Keras sums gradients across replicas inside `apply_gradients`, after any clipping done
     before it, so each replica would clip only its own share. The Trainer all-reduces, then
     normalises and clips the global gradient itself (loop.py); a second sum here would
     multiply it by the number of replicas.
+
+    `lr_multipliers` ({variable path: factor}, every trainable variable named) scales each
+    variable's learning rate: layer-wise learning-rate decay. Scaling the gradient instead
+    would do nothing under Adam (m / sqrt(v) is invariant to it), so the factor goes where the
+    rate does: into Adam's step and into the decoupled weight decay (lr * wd * w). The moments
+    do not depend on the rate, so the optimizer's slots, and its checkpoints, are the same with
+    or without multipliers. Without them the update is Keras's own, op for op (bitwise resume
+    and determinism digests stay as they were).
     """
+
+    def __init__(self, *args, lr_multipliers: dict[str, float] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lr_multipliers = dict(lr_multipliers or {})
+        self._scales = None  # per variable index (the order build saw), when lr_multipliers is set
 
     def _all_reduce_sum_gradients(self, grads_and_vars):
         return grads_and_vars
 
+    def build(self, variables):
+        if self.built:
+            return
+        super().build(variables)
+        if self.lr_multipliers:
+            unnamed = [v.path for v in variables if v.path not in self.lr_multipliers]
+            if unnamed:  # a silent 1.0 would train a layer the caller meant to slow down at full rate
+                raise ValueError(f"lr_multipliers: no factor for {', '.join(unnamed[:3])}")
+            self._scales = [float(self.lr_multipliers[v.path]) for v in variables]
 
-def make_optimizer(peak: float, warmup_steps: int, total_steps: int, weight_decay: float) -> AdamW:
+    def _apply_weight_decay(self, variables):
+        if self._scales is None:
+            super()._apply_weight_decay(variables)
+        # else update_step decays each variable with its own rate
+
+    def update_step(self, gradient, variable, learning_rate):
+        """Keras's Adam step with this variable's rate, after its decoupled weight decay (the
+        order Keras applies them in; each touches only this variable). `variable` may be one
+        replica's copy: _get_variable_index finds the mirrored variable it belongs to."""
+        if self._scales is None:
+            return super().update_step(gradient, variable, learning_rate)
+        rate = tf.cast(learning_rate, variable.dtype) * self._scales[self._get_variable_index(variable)]
+        if self.weight_decay and self._use_weight_decay(variable):
+            self.assign_sub(variable, variable * tf.cast(self.weight_decay, variable.dtype) * rate)
+        return super().update_step(gradient, variable, rate)
+
+    def get_config(self):
+        return {**super().get_config(), "lr_multipliers": self.lr_multipliers}
+
+
+def make_optimizer(peak: float, warmup_steps: int, total_steps: int, weight_decay: float,
+                   lr_multipliers: dict[str, float] | None = None) -> AdamW:
+    """AdamW on the warmup-then-linear-decay schedule; lr_multipliers: see AdamW."""
     optimizer = AdamW(
         learning_rate=WarmupLinearDecay(peak, warmup_steps, total_steps),
-        weight_decay=weight_decay, beta_1=0.9, beta_2=0.98, epsilon=1e-6,
+        weight_decay=weight_decay, beta_1=0.9, beta_2=0.98, epsilon=1e-6, lr_multipliers=lr_multipliers,
     )
     optimizer.exclude_from_weight_decay(var_names=NO_DECAY)
     return optimizer
