@@ -11,6 +11,7 @@ from trainformer.config import (
     ExperimentConfig,
     builtin_names,
     load_config,
+    load_config_naming,
 )
 from trainformer.errors import UserError
 
@@ -189,6 +190,25 @@ def test_impossible_values_name_the_key(override, key):
     assert key in error_of(None, [override])
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["task.type=classify", "train.layer_decay=0"], "train.layer_decay: must be in (0, 1]"),
+    (["task.type=classify", "train.layer_decay=1.5"], "train.layer_decay: must be in (0, 1]"),
+    (["train.layer_decay=0.8"], "train.layer_decay: fine-tunes a classifier's encoder; a mlm run"),
+    (["task.type=classify", "model.pooling=max"], "model.pooling: 'max' is not one of cls, mean"),
+    (["model.pooling=mean"], "model.pooling: mean pools for a classifier's head; a mlm run"),
+])
+def test_fine_tuning_keys_are_checked(overrides, message):
+    assert message in error_of(None, overrides)
+
+
+def test_fine_tuning_keys_default_off_and_load():
+    default = load_config(None)
+    assert (default.train.layer_decay, default.train.keep_best, default.model.pooling) == (1.0, False, "cls")
+    tuned = load_config("zh-sentiment", ["train.layer_decay=0.8", "train.keep_best=true", "model.pooling=mean"])
+    assert (tuned.train.layer_decay, tuned.train.keep_best, tuned.model.pooling) == (0.8, True, "mean")
+    assert load_config(None, ["train.keep_best=true"]).train.keep_best  # any task keeps its best accuracy
+
+
 def test_missing_config_file_names_the_path(tmp_path):
     path = tmp_path / "nope.yaml"
     message = error_of(str(path))
@@ -269,3 +289,17 @@ def test_set_without_equals_names_the_missing_equals():
 
 def test_warmup_longer_than_the_run_is_accepted():
     assert load_config(None, ["train.steps=100"]).train.warmup_steps == 200  # capped when the run starts
+
+
+def test_the_keys_a_config_names_are_those_of_its_file_its_bases_and_set(tmp_path):
+    """What model.init_from may fill in: keys no file or --set names (run_dir.inherit_encoder)."""
+    write(tmp_path, "model:\n  d_model: 64\n", name="common.yaml")
+    path = write(tmp_path, "base: common.yaml\nmodel:\n  dropout: 0.1\ntrain:\n  steps: 10\n")
+    config, named = load_config_naming(str(path), ["model.num_layers=3"])
+    assert config == load_config(str(path), ["model.num_layers=3"])
+    assert {"model.d_model", "model.dropout", "train.steps", "model.num_layers"} <= named
+    assert not named & {"model.num_heads", "model.dff", "model.norm", "model.position", "model.max_length"}
+    # without CONFIG the built-in default only spells out the dataclasses' defaults: it names nothing
+    assert load_config_naming(None, ["train.steps=5"])[1] == {"train.steps"}
+    assert "model.d_model" in load_config_naming("zh-bert-tiny")[1]  # named by a built-in asked for
+    assert "model.d_model" not in load_config_naming("zh-sentiment")[1]  # fine-tunes take the source's

@@ -15,8 +15,9 @@ from trainformer.quiet import quiet_tensorflow
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process Ctrl-C stopped
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what `yes | head` reports for yes
-CHECKPOINT_CHOICE = {"choices": ("latest", "best"), "default": "latest",
-                     "help": "the newest checkpoint (default) or the one with the lowest valid loss"}
+CHECKPOINT_CHOICE = {"choices": ("latest", "best"), "default": None,
+                     "help": "the newest checkpoint, or the best: by valid accuracy in a run with train.keep_best "
+                             "(its default), else by valid loss (default: latest)"}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -170,7 +171,7 @@ def add_serve(verb) -> None:
 
 def add_data(verb) -> None:
     data = verb("data", help="built-in corpora")
-    data.add_argument("action", choices=("list",), help="list: name and description of each recipe")
+    data.add_argument("action", choices=("list",), help="list: each recipe, what it is and its size here")
 
 
 def version() -> str:
@@ -263,8 +264,22 @@ def run_data(args: argparse.Namespace) -> int:
     from trainformer.data.recipes import RECIPES
 
     for recipe in RECIPES.values():
-        print(f"{recipe.name:22s} {recipe.description}")
+        print(f"{recipe.name:22s} {recipe.description}", flush=True)
+        if recipe.kind != "parallel":  # pairs would need both languages parsed: seconds more
+            print(f"{'':22s} {recipe_size_line(recipe.name)}", flush=True)  # each as soon as it is read
     return 0
+
+
+def recipe_size_line(name: str) -> str:
+    """What a text or labelled recipe holds here, read now, or the command that installs it."""
+    from trainformer.data.corpus import recipe_size
+    from trainformer.errors import NotInstalled
+
+    try:
+        documents, characters = recipe_size(name)
+    except NotInstalled as missing:
+        return f"not installed: {missing.install}"
+    return f"{documents:,} documents, {characters:,} characters"
 
 
 def run_launch(args: argparse.Namespace) -> int:

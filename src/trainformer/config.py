@@ -41,14 +41,23 @@ class ModelConfig:
     position: str = "sinusoidal"  # sinusoidal | learned
     activation: str = "gelu_tanh"  # feed-forward GELU: gelu_tanh (approximate) | gelu (exact, erf: BERT's)
     max_length: int = 0  # positions the model holds; 0: data.seq_len (an imported BERT keeps its 512)
-    init_from: str = ""  # a run directory whose encoder (weights and vocabulary) this run starts from
+    # A run directory whose encoder (weights and vocabulary) this run starts from; the encoder
+    # keys above that a config leaves out (all but dropout) are taken from its config.yaml.
+    init_from: str = ""
     decoder_layers: int = 0  # seq2seq: decoder blocks; 0: num_layers
+    # seq2seq with init_from: encoder: the decoder's blocks start from the encoder's of the same
+    # index (BERT2BERT, Rothe et al. 2020), cross-attention from random; random: all from random.
+    decoder_init: str = "encoder"
     tie_embeddings: bool = True  # seq2seq: one embedding for source, target and output (a joint vocabulary)
+    # classify: what the head's pooler reads: cls (the [CLS] vector, BERT's) | mean (the mean of
+    # every non-padding position's vector: no single position has to learn the summary)
+    pooling: str = "cls"
+    generator_layers: int = 0  # electra: the generator's blocks (the encoder's width); 0: num_layers // 3, at least 1
 
 
 @dataclass
 class DataConfig:
-    corpus: str = "people-daily-1998"  # a recipe name (trainformer data list) or a .txt/.jsonl path
+    corpus: str = "people-daily-1998"  # a recipe (trainformer data list), a .txt/.jsonl path; mlm: a+b+...
     seq_len: int = 64  # tokens per window (mlm), per text (classify), per source (seq2seq)
     target_len: int = 0  # seq2seq: tokens per target, its end token included; 0: seq_len
     valid_fraction: float = 0.05
@@ -70,10 +79,15 @@ class TrainConfig:
     batch_size: int = 32  # windows (mlm) or texts (classify) per micro-batch; seq2seq uses batch_tokens
     batch_tokens: int = 4096  # seq2seq: padded source + target tokens per micro-batch (rows vary with length)
     label_smoothing: float = 0.0  # seq2seq: share of the target probability spread over the vocabulary
+    discriminator_weight: float = 50.0  # electra: the replaced-token loss's weight beside the generator's (ELECTRA's 50)
     accumulate: int = 1  # micro-batches per update: one update sees accumulate x batch_size windows
     learning_rate: float = 1e-3
     warmup_steps: int = 200  # capped at `steps` for a shorter run
     weight_decay: float = 0.01
+    # classify: layer-wise learning-rate decay (Clark et al. 2020): the head learns at the full rate,
+    # the top encoder block at x decay, the next at x decay^2, ..., the embeddings at
+    # x decay^(num_layers + 1), so the pretrained lower layers move least; 1.0: off
+    layer_decay: float = 1.0
     clip_norm: float = 1.0
     precision: str = "auto"  # auto (bf16 where the hardware runs it fast, else fp32) | fp32 | bf16 | fp16 (mixed: fp32 variables, logits, softmax; fp16 with loss scaling)
     xla: str = "auto"  # auto (on for GPU, off on CPU where it measured slower) | on | off
@@ -86,6 +100,10 @@ class TrainConfig:
     attention_layer: int = -1  # which layer's heads TensorBoard draws at each eval; negative counts from the end
     checkpoint_every: int = 500
     keep_checkpoints: int = 3
+    # checkpoints/best/ holds the eval with the best valid accuracy (the task's: accuracy,
+    # masked_accuracy, ...) instead of the lowest valid loss, and eval, predict and export use it
+    # by default; the test split never chooses. false: best/ by valid loss, `latest` by default
+    keep_best: bool = False
 
 
 @dataclass
@@ -96,7 +114,7 @@ class RuntimeConfig:
 
 @dataclass
 class TaskConfig:
-    type: str = "mlm"  # mlm (masked-LM pretraining) | classify (text -> label) | seq2seq (text -> text)
+    type: str = "mlm"  # mlm (masked-LM pretraining) | electra (replaced-token detection) | classify (text -> label) | seq2seq (text -> text)
 
 
 @dataclass
@@ -128,11 +146,13 @@ class ExperimentConfig:
 
 
 CHOICES = {
-    "task.type": ("mlm", "classify", "seq2seq"),
+    "task.type": ("mlm", "electra", "classify", "seq2seq"),
     "decode.strategy": ("greedy", "beam"),
     "model.norm": ("post", "pre"),
     "model.activation": ("gelu_tanh", "gelu"),
     "model.position": ("sinusoidal", "learned"),
+    "model.pooling": ("cls", "mean"),
+    "model.decoder_init": ("encoder", "random"),
     "train.precision": ("auto", "fp32", "bf16", "fp16"),
     "train.xla": ("auto", "on", "off"),
     "train.strategy": ("auto", "one_device", "mirrored", "multi_worker", "tpu"),
@@ -148,17 +168,29 @@ def builtin_names() -> list[str]:
 def load_config(source: str | None = None, overrides: list[str] = ()) -> ExperimentConfig:
     """Resolve a config from a YAML path or a built-in name (None: the default), then apply
     `key=value` overrides. Raises ConfigError naming the file, key and problem."""
+    return load_config_naming(source, overrides)[0]
+
+
+def load_config_naming(source: str | None = None,
+                       overrides: list[str] = ()) -> tuple[ExperimentConfig, frozenset[str]]:
+    """load_config, and the dotted keys (model.d_model, ...) the config names itself: in the
+    YAML file given or the bases it starts from, or by --set. The other keys hold the
+    dataclasses' defaults, which a run starting from another (model.init_from) takes from that
+    run for its encoder. Without a source nothing is named by a file: the built-in default only
+    spells out the dataclasses' defaults."""
     for item in overrides:  # first: `--set train.steps 50` leaves "50" where CONFIG goes
         _split_override(item)
-    config, origin = _load_source(source or DEFAULT_CONFIG, seen=())
+    config, origin, named = _load_source(source or DEFAULT_CONFIG, seen=())
     for item in overrides:
         apply_override(config, item)
     validate(config, origin + (" with --set" if overrides else ""))
-    return config
+    given = {_split_override(item)[0] for item in overrides}
+    return config, frozenset(given | (named if source is not None else set()))
 
 
-def _load_source(source: str, seen: tuple[str, ...]) -> tuple[ExperimentConfig, str]:
-    """The config of a YAML file or built-in, its `base:` applied first (unvalidated)."""
+def _load_source(source: str, seen: tuple[str, ...]) -> tuple[ExperimentConfig, str, set[str]]:
+    """The config of a YAML file or built-in, its `base:` applied first (unvalidated); its
+    origin; the dotted keys it and its bases name."""
     path = Path(source)
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.is_file():
@@ -183,13 +215,23 @@ def _load_source(source: str, seen: tuple[str, ...]) -> tuple[ExperimentConfig, 
         raise ConfigError(f"{origin}: the top level must be a mapping of sections (model:, data:, ...)")
     raw.setdefault("name", name)
     base = raw.pop("base", None)
+    named = _dotted_keys(raw)
     if base is not None:
         if not isinstance(base, str):
             raise ConfigError(f"{origin}: base: expected a built-in name or a YAML path, got {base!r}")
         if path.is_file() and (path.parent / base).is_file():
             base = str(path.parent / base)  # a base file next to this one
-        raw = _merge(_load_source(base, seen + (identity,))[0].to_dict(), raw)
-    return _build(ExperimentConfig, raw, origin, prefix=""), origin
+        below, _, base_named = _load_source(base, seen + (identity,))
+        raw, named = _merge(below.to_dict(), raw), named | base_named
+    return _build(ExperimentConfig, raw, origin, prefix=""), origin, named
+
+
+def _dotted_keys(raw: dict, prefix: str = "") -> set[str]:
+    """The leaf keys of a raw YAML mapping, dotted: {"model": {"d_model": 8}} -> {"model.d_model"}."""
+    keys = set()
+    for key, value in raw.items():
+        keys |= _dotted_keys(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}"}
+    return keys
 
 
 def _merge(base: dict, top: dict) -> dict:
@@ -268,7 +310,10 @@ def validate(config: ExperimentConfig, origin: str) -> None:
         raise ConfigError(f"{origin}: model.max_length: {m.max_length} positions cannot hold data.seq_len={d.seq_len}")
     if m.max_length < 0:
         raise ConfigError(f"{origin}: model.max_length: must be >= 0 (0: data.seq_len), got {m.max_length}")
-    for key, value in {"model.decoder_layers": m.decoder_layers, "data.target_len": d.target_len,
+    if t.discriminator_weight < 0:
+        raise ConfigError(f"{origin}: train.discriminator_weight: must be >= 0, got {t.discriminator_weight}")
+    for key, value in {"model.decoder_layers": m.decoder_layers, "model.generator_layers": m.generator_layers,
+                       "data.target_len": d.target_len,
                        "decode.max_length": config.decode.max_length}.items():
         if value < 0:
             raise ConfigError(f"{origin}: {key}: must be >= 0 (0: the default), got {value}")
@@ -284,8 +329,24 @@ def validate(config: ExperimentConfig, origin: str) -> None:
     if not -m.num_layers <= t.attention_layer < m.num_layers:
         raise ConfigError(f"{origin}: train.attention_layer: must be within [-{m.num_layers}, {m.num_layers - 1}] "
                           f"(model.num_layers={m.num_layers}), got {t.attention_layer}")
+    _validate_classify_only(config, origin)
     if tok.vocab_size < 100:
         raise ConfigError(f"{origin}: tokenizer.vocab_size: must be >= 100, got {tok.vocab_size}")
+
+
+def _validate_classify_only(config: ExperimentConfig, origin: str) -> None:
+    """Fine-tuning keys that only a classifier has a use for: elsewhere they would do nothing
+    (or, for layer_decay on a model without its encoder-and-head layout, the wrong thing)."""
+    t = config.train
+    if not 0 < t.layer_decay <= 1:
+        raise ConfigError(f"{origin}: train.layer_decay: must be in (0, 1] (1.0: off), got {t.layer_decay}")
+    kind = config.task.type
+    if t.layer_decay != 1 and kind != "classify":
+        raise ConfigError(f"{origin}: train.layer_decay: fine-tunes a classifier's encoder; a {kind} run has "
+                          f"none to fine-tune (leave it at 1.0)")
+    if config.model.pooling != "cls" and kind != "classify":
+        raise ConfigError(f"{origin}: model.pooling: {config.model.pooling} pools for a classifier's head; a "
+                          f"{kind} run has none (leave it at cls)")
 
 
 def _build(cls: type, raw: Any, origin: str, prefix: str) -> Any:

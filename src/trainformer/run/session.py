@@ -24,7 +24,7 @@ from trainformer.errors import TrainingError, UserError
 from trainformer.run.attention import AttentionSnapshot, sentence_from_windows
 from trainformer.run_dir import RunDir, environment, now
 from trainformer.tasks import task_for
-from trainformer.train.checkpoint import Checkpoints, restore_pretrained, weights_digest
+from trainformer.train.checkpoint import Checkpoints, read_best_record, restore_pretrained, weights_digest
 from trainformer.train.loop import Trainer
 from trainformer.train.monitor import Monitor, format_duration
 from trainformer.train.optim import make_optimizer
@@ -46,7 +46,10 @@ def build_trainer(config: ExperimentConfig, task, strategy: tf.distribute.Strate
     t = config.train
     with strategy.scope():
         model = task.build_model()
-        optimizer = make_optimizer(t.learning_rate, min(t.warmup_steps, t.steps), t.steps, t.weight_decay)
+        # train.layer_decay (classify only, config.validate): the task knows its model's layers
+        multipliers = task.learning_rate_multipliers(model) if t.layer_decay != 1.0 else None
+        optimizer = make_optimizer(t.learning_rate, min(t.warmup_steps, t.steps), t.steps, t.weight_decay,
+                                   lr_multipliers=multipliers)
     return Trainer(model, optimizer, strategy, t, task.loss_sums, task.accuracy_name, task.shape_generic)
 
 
@@ -127,13 +130,32 @@ def restore(config: ExperimentConfig, run: RunDir, writes: RunDir, trainer: Trai
     trained in until then). Every worker restores the chief's latest checkpoint; a new run
     may start its encoder from model.init_from."""
     objects = trainer.checkpoint_objects()
-    checkpoints = Checkpoints(writes.checkpoints_dir, config.train.keep_checkpoints, **objects)
+    checkpoints = Checkpoints(writes.checkpoints_dir, config.train.keep_checkpoints, **best_by(config, trainer),
+                              **objects)
     shared = checkpoints if writes == run else Checkpoints(run.checkpoints_dir, 1, **objects)
     restored = shared.restore_latest(warn=say)
     trained_in = run.read_manifest().get("precision") if restored else None  # before this segment rewrites it
     if not restored and config.model.init_from:
-        say(f"encoder: from {restore_pretrained(trainer.model, RunDir(Path(config.model.init_from)).checkpoints_dir)}")
+        start_from_pretrained(config, trainer.model, say)
     return checkpoints, restored, trained_in
+
+
+def start_from_pretrained(config: ExperimentConfig, model: keras.Model, say) -> None:
+    """A new run's weights from model.init_from: the encoder (and an imported BERT's pooler)
+    from its checkpoint; a seq2seq decoder's blocks from that encoder (model.decoder_init)."""
+    say(f"encoder: from {restore_pretrained(model, RunDir(Path(config.model.init_from)).checkpoints_dir)}")
+    if config.task.type == "seq2seq" and config.model.decoder_init == "encoder":
+        model.decoder.warm_start_from(model.encoder)
+        say(f"decoder: its {model.decoder.num_layers} blocks start from the encoder's (model.decoder_init=encoder), "
+            f"cross-attention from random")
+
+
+def best_by(config: ExperimentConfig, trainer: Trainer) -> dict:
+    """Checkpoints' criterion for best/: the task's valid accuracy under train.keep_best (higher
+    is better), else the valid loss."""
+    if config.train.keep_best:
+        return {"best_metric": trainer.accuracy_name, "higher_is_better": True}
+    return {"best_metric": "loss", "higher_is_better": False}
 
 
 def say_resumed(say, monitor: Monitor, config: ExperimentConfig, restored: str, start_step: int,
@@ -189,10 +211,19 @@ def finish(trainer: Trainer, task, run: RunDir, writes: RunDir, manifest: dict, 
     final = {**final, "step": step}
     digest = weights_digest(trainer.model)
     manifest.update({"ended_at": now(), "final_eval": final, "weights_sha256": digest})
+    best = read_best_record(writes.checkpoints_dir) if trainer.config.keep_best else None
+    if best:
+        manifest["best_eval"] = {key: best[key] for key in ("step", "metric", "value", "valid_loss")}
     writes.write_manifest(manifest)
-    print_result(say, task, final, run, seconds)
+    print_result(say, task, final, run, seconds, best)
     (say if writes == run else print)(f"weights sha256 {digest}")  # every worker says it: compare them
     return final
+
+
+def best_line(best: dict) -> str:
+    """The result line of a train.keep_best run: its best eval, which eval/predict/export use."""
+    return (f"best: valid {best['metric'].replace('_', ' ')} {best['value']:.4f} at step {best['step']} "
+            f"(checkpoints/best: what eval, predict and export use)")
 
 
 def pace_note(precision: str, precision_reason: str) -> str:
@@ -249,12 +280,20 @@ def print_summary(say, config: ExperimentConfig, task, num_params: int, strategy
         say(line)
     if t.warmup_steps > t.steps:
         say(f"warmup: train.warmup_steps={t.warmup_steps} is longer than the run: capped at train.steps={t.steps}")
+    if t.layer_decay != 1.0:
+        say(f"layer decay {t.layer_decay}: learning rate x1 for the head, x{t.layer_decay:.3g} for the top block, "
+            f"x{t.layer_decay ** (m.num_layers + 1):.3g} for the embeddings")
+    if t.keep_best:
+        say(f"best checkpoint: by valid {task.accuracy_name.replace('_', ' ')} (checkpoints/best)")
 
 
-def print_result(say, task, final: dict, run: RunDir, seconds: float) -> None:
+def print_result(say, task, final: dict, run: RunDir, seconds: float, best: dict | None = None) -> None:
+    """The final lines: the last eval's, then the best eval's when train.keep_best kept one."""
     say(f"done in {format_duration(seconds)}: step {final['step']}, valid loss {final['loss']:.4f}")
     for line in task.result_lines(final):
         say(line)
+    if best:
+        say(best_line(best))
     say(f"run directory: {run.root}")
     say(f"TensorBoard:   {tensorboard_command()} --logdir {run.logs_dir}")
 
