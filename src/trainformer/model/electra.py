@@ -20,7 +20,7 @@ import math
 import keras
 from keras import ops
 
-from trainformer.model.encoder import TransformerEncoder
+from trainformer.model.encoder import EncoderModel, TransformerEncoder
 from trainformer.model.heads import MaskedLMHead
 from trainformer.model.layers import (
     PACKAGE,
@@ -131,7 +131,7 @@ def generator_sequence(encoder: TransformerEncoder, token_ids, padding_mask, num
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class Electra(keras.Model):
+class Electra(EncoderModel):
     """Generator + discriminator (the encoder), for ELECTRA pretraining.
 
     Inputs: token_ids, padding_mask (batch, seq) with the masked positions corrupted as for
@@ -170,9 +170,3 @@ class Electra(keras.Model):
     def get_config(self):
         return {"name": self.name, "encoder": keras.saving.serialize_keras_object(self.encoder),
                 "generator_layers": self.generator_layers}
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        encoder = keras.saving.deserialize_keras_object(config.pop("encoder"))
-        return cls(encoder, **config)

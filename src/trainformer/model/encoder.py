@@ -107,3 +107,15 @@ class TransformerEncoder(keras.Model):
     @classmethod
     def from_config(cls, config):
         return cls(**config)
+
+
+class EncoderModel(keras.Model):
+    """A task model built around a TransformerEncoder (MaskedLM, Classifier, Seq2Seq, Electra):
+    its config holds the serialized encoder under "encoder" and the model's own arguments, and
+    from_config rebuilds the encoder first, then the model around it."""
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        encoder = keras.saving.deserialize_keras_object(config.pop("encoder"))
+        return cls(encoder, **config)

@@ -6,7 +6,7 @@ import keras
 from keras import ops
 
 from trainformer.config import ModelConfig
-from trainformer.model.encoder import TransformerEncoder
+from trainformer.model.encoder import EncoderModel, TransformerEncoder
 from trainformer.model.layers import PACKAGE, ReversibleEmbedding, activation_function
 
 POOLINGS = ("cls", "mean")  # what a ClassifierHead's pooler reads: [CLS], or the mean of the tokens
@@ -63,7 +63,7 @@ class MaskedLMHead(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class MaskedLM(keras.Model):
+class MaskedLM(EncoderModel):
     """Encoder + tied masked-LM head, for pretraining.
 
     Inputs: token_ids, padding_mask (batch, seq) and masked_positions (batch, P) int32.
@@ -85,12 +85,6 @@ class MaskedLM(keras.Model):
 
     def get_config(self):
         return {"name": self.name, "encoder": keras.saving.serialize_keras_object(self.encoder)}
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        encoder = keras.saving.deserialize_keras_object(config.pop("encoder"))
-        return cls(encoder, **config)
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -161,7 +155,7 @@ def masked_mean(sequence, padding_mask):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class Classifier(keras.Model):
+class Classifier(EncoderModel):
     """Encoder + classifier head, for text classification.
 
     Inputs: token_ids, padding_mask (batch, seq); token_ids start with [CLS].
@@ -189,12 +183,6 @@ class Classifier(keras.Model):
     def get_config(self):
         return {"name": self.name, "encoder": keras.saving.serialize_keras_object(self.encoder),
                 "num_labels": self.num_labels, "dropout": self.dropout, "pooling": self.pooling}
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        encoder = keras.saving.deserialize_keras_object(config.pop("encoder"))
-        return cls(encoder, **config)
 
 
 def build_encoder(config: ModelConfig, vocab_size: int, max_length: int, dtype=None) -> TransformerEncoder:

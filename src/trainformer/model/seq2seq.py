@@ -6,13 +6,13 @@ import keras
 
 from trainformer.config import ModelConfig
 from trainformer.model.decoder import TransformerDecoder
-from trainformer.model.encoder import TransformerEncoder
+from trainformer.model.encoder import EncoderModel, TransformerEncoder
 from trainformer.model.heads import build_encoder
 from trainformer.model.layers import PACKAGE, ReversibleEmbedding
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class Seq2Seq(keras.Model):
+class Seq2Seq(EncoderModel):
     """Encoder + decoder: source ids -> logits over the next target token at every position.
 
     Args:
@@ -59,12 +59,6 @@ class Seq2Seq(keras.Model):
         return {"name": self.name, "encoder": keras.saving.serialize_keras_object(self.encoder),
                 "decoder_layers": self.decoder_layers, "target_length": self.target_length,
                 "tie_embeddings": self.tie_embeddings}
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        encoder = keras.saving.deserialize_keras_object(config.pop("encoder"))
-        return cls(encoder, **config)
 
 
 def build_seq2seq(config: ModelConfig, vocab_size: int, source_length: int, target_length: int,
