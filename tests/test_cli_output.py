@@ -164,8 +164,12 @@ def test_train_help_says_it_trains_any_task():
 
 def test_ctrl_c_before_the_first_checkpoint_says_the_run_starts_over(tmp_path):
     run_dir = tmp_path / "run"
+    # A test run started in the background of a shell (`cmd &`) inherits SIGINT ignored, and
+    # Python then leaves Ctrl-C ignored until the loop installs its own handler: a user's
+    # terminal always delivers it, so the child gets the default disposition back.
     process = subprocess.Popen(command("train", "--run-dir", str(run_dir), *TINY), env=ENV, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     for line in process.stdout:  # the corpus is read; the vocabulary and token cache come next
         if line.startswith("corpus:"):
             break
