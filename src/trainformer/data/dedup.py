@@ -28,6 +28,7 @@ SHINGLE = 5  # characters: a Chinese word is 1-4, so 5-grams span word boundarie
 NUM_PERMUTATIONS = 96
 BANDS, ROWS = 16, 6  # BANDS * ROWS == NUM_PERMUTATIONS
 THRESHOLD = 0.8  # Jaccard similarity of the 5-gram sets
+CONTAINED = 0.5  # the share of a text's 5-grams found in the references that makes it part of them
 CHUNK_CHARACTERS = 1 << 21  # documents are hashed in chunks of about this many characters (memory)
 SEED = 20240601  # fixes the hash functions: the same corpus always loses the same documents
 MULTIPLIER = np.uint64(0x100000001B3)  # the rolling hash's base (FNV-1a's 64-bit prime)
@@ -51,6 +52,18 @@ def near_duplicates(texts: list[str]) -> list[bool]:
                       if other < index and not duplicate[other]}
         duplicate[index] = any(jaccard(texts, index, other, shingle_sets) >= THRESHOLD for other in sorted(candidates))
     return duplicate
+
+
+def contained(texts: list[str], references: list[str]) -> list[bool]:
+    """For each text, whether CONTAINED or more of its 5-grams occur in the references: a paragraph
+    of a longer reference is no near duplicate of it (their Jaccard is small) but is inside it.
+    A text shorter than SHINGLE has no 5-grams and is never inside."""
+    pool = set().union(*map(shingles, references))
+    inside = []
+    for text in texts:
+        own = shingles(text)
+        inside.append(bool(own) and len(own & pool) >= CONTAINED * len(own))
+    return inside
 
 
 def shared_buckets(keys: np.ndarray) -> dict[int, list[list[int]]]:
