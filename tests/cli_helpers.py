@@ -22,6 +22,21 @@ TINY = [
     "--set", "train.log_every=5", "--set", "train.eval_every=15", "--set", "train.checkpoint_every=10",
 ]
 
+# TINY's sizes on the real People's Daily headlines, 20 deterministic steps, beam 2: conftest's
+# headline_run, and the run a resume test must reproduce bitwise.
+HEADLINES = [*TINY, "--set", "task.type=seq2seq", "--set", "data.corpus=people-daily-headlines",
+             "--set", "data.seq_len=64", "--set", "data.target_len=24", "--set", "data.valid_fraction=0.1",
+             "--set", "data.test_fraction=0.1", "--set", "train.batch_tokens=1024", "--set", "decode.beam_size=2",
+             "--set", "train.label_smoothing=0.1", "--set", "train.steps=20", "--set", "train.eval_every=20",
+             "--set", "train.deterministic=true", "--set", "model.dropout=0.1"]
+# TINY's sizes, a small joint vocabulary, 20 steps: ~35 s on 2 cores; the outputs are poor but
+# not empty, so equality means something. data.valid_fraction 0.005: ~120 valid pairs (an
+# export's parity check needs 64, eval decodes them all).
+TRANSLATION = ["en-zh-translate", *TINY, "--set", "model.decoder_layers=1", "--set", "data.seq_len=48",
+               "--set", "data.valid_fraction=0.005", "--set", "data.target_len=48", "--set", "train.batch_tokens=1024",
+               "--set", "train.steps=20", "--set", "train.eval_every=20", "--set", "train.checkpoint_every=20",
+               "--set", "tokenizer.vocab_size=2000", "--set", "decode.beam_size=2", "--set", "train.precision=fp32"]
+
 
 def trainformer(*args, check=True, env=ENV):
     result = subprocess.run([sys.executable, "-m", "trainformer", *args], capture_output=True, text=True, env=env)

@@ -1,10 +1,15 @@
 """Shared fixtures: the real People's Daily corpus, a WordPiece vocabulary trained on it, the
-in-graph tokenizer loaded from that vocabulary (~3 s), and a tiny exported intent classifier
-that the export and serve tests share (~20 s). Session-scoped: built once."""
+in-graph tokenizer loaded from that vocabulary (~3 s), and the tiny runs several test files read:
+an exported intent classifier (export, serve, eval output; ~20 s), an exported translation run
+(export, serve; ~40 s) and a headline run (seq2seq, eval output; ~35 s). Session-scoped; the
+runs are built once per session even under pytest-xdist (built_once), and are read-only: a test
+that writes into one (eval's outputs, another export version) copies it first."""
 
+import fcntl
 import os
+import shutil
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before any TensorFlow import
 
@@ -13,6 +18,23 @@ import pytest
 # trainformer is imported inside the fixtures: under pytest-xdist this file is loaded by the
 # controller too, which runs no test and would spend seconds importing TensorFlow for nothing
 # (printing its start-up records, since no capture is active there).
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """The folder `name`, made by build(folder) once per test session: under pytest-xdist the
+    first worker to ask builds it while the others wait on a file lock, then all read it."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # pytest-N/, shared by the workers' popen-gwK/ folders
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
 
 
 @pytest.fixture(scope="session")
@@ -61,9 +83,38 @@ def intent_export(tmp_path_factory):
     version 20 (the checkpoint's step): IntentExport(run_dir, base, stdout, version_dir)."""
     from cli_helpers import TINY, trainformer
 
-    root = tmp_path_factory.mktemp("intent")
-    # fp32: an export is float32, and the tests compare it with predict on the run itself
-    trainformer("train", "zh-intent", "--run-dir", str(root / "run"), *TINY, "--set", "train.steps=20",
-                "--set", "train.precision=fp32")
-    result = trainformer("export", str(root / "run"), "--out", str(root / "intent"), "--quantize", "dynamic,float16")
-    return IntentExport(root / "run", root / "intent", result.stdout, root / "intent" / "20")
+    def build(root):
+        # fp32: an export is float32, and the tests compare it with predict on the run itself
+        trainformer("train", "zh-intent", "--run-dir", str(root / "run"), *TINY, "--set", "train.steps=20",
+                    "--set", "train.precision=fp32")
+        result = trainformer("export", str(root / "run"), "--out", str(root / "intent"), "--quantize", "dynamic,float16")
+        (root / "export.out").write_text(result.stdout)
+
+    root = built_once(tmp_path_factory, "intent", build)
+    return IntentExport(root / "run", root / "intent", (root / "export.out").read_text(), root / "intent" / "20")
+
+
+@pytest.fixture(scope="session")
+def translation_export(tmp_path_factory):
+    """cli_helpers.TRANSLATION trained and exported: (run_dir, export base, export's stdout);
+    its one version is 20."""
+    from cli_helpers import TRANSLATION, trainformer
+
+    def build(root):
+        trainformer("train", "--run-dir", str(root / "run"), *TRANSLATION)
+        (root / "export.out").write_text(trainformer("export", str(root / "run"), "--out", str(root / "export")).stdout)
+
+    root = built_once(tmp_path_factory, "translation", build)
+    return root / "run", root / "export", (root / "export.out").read_text()
+
+
+@pytest.fixture(scope="session")
+def headline_run(tmp_path_factory):
+    """cli_helpers.HEADLINES trained: (run_dir, train's stdout)."""
+    from cli_helpers import HEADLINES, trainformer
+
+    def build(root):
+        (root / "train.out").write_text(trainformer("train", "--run-dir", str(root / "run"), *HEADLINES).stdout)
+
+    root = built_once(tmp_path_factory, "headlines", build)
+    return root / "run", (root / "train.out").read_text()

@@ -19,12 +19,6 @@ from trainformer.run_dir import RunDir
 from trainformer.tasks.seq2seq import DecodeProgress
 
 HF_FIXTURE = Path(__file__).parent / "fixtures" / "tiny-hf-bert"
-HEADLINES = [*TINY, "--set", "task.type=seq2seq", "--set", "data.corpus=people-daily-headlines",
-             "--set", "data.seq_len=64", "--set", "data.target_len=24", "--set", "data.valid_fraction=0.1",
-             "--set", "data.test_fraction=0.1", "--set", "train.batch_tokens=1024", "--set", "decode.beam_size=2",
-             "--set", "train.steps=2", "--set", "train.eval_every=2"]
-
-
 def command(*args) -> list[str]:
     return [sys.executable, "-m", "trainformer", *args]
 
@@ -64,20 +58,15 @@ def test_a_reader_that_stops_reading_ends_the_command_quietly(intent_export, arg
     assert "Traceback" not in stderr and "BrokenPipeError" not in stderr and "Exception ignored" not in stderr
 
 
-@pytest.fixture(scope="module")
-def headline_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("headlines") / "run"
-    trainformer("train", "--run-dir", str(run_dir), *HEADLINES)
-    return run_dir
-
-
-def test_seq2seq_eval_says_how_far_decoding_is_on_stderr_and_takes_decode_settings(headline_run):
-    result = trainformer("eval", str(headline_run), "--split", "test", "--json", "--set", "decode.strategy=greedy",
+def test_seq2seq_eval_says_how_far_decoding_is_on_stderr_and_takes_decode_settings(headline_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(headline_run[0], run_dir)  # eval writes its outputs into the run
+    result = trainformer("eval", str(run_dir), "--split", "test", "--json", "--set", "decode.strategy=greedy",
                          "--set", "decode.max_length=12")
     scores = json.loads(result.stdout)  # stdout: the JSON alone
     assert scores["decode"] == {"strategy": "greedy", "max_length": 12}
     assert f"decoded test: {scores['num_examples']:,} sentences in " in result.stderr
-    assert "decode:\n  strategy: beam" in (headline_run / "config.yaml").read_text()  # the run is left as trained
+    assert "decode:\n  strategy: beam" in (run_dir / "config.yaml").read_text()  # the run is left as trained
 
 
 @pytest.mark.parametrize("item, message", [
@@ -86,7 +75,7 @@ def test_seq2seq_eval_says_how_far_decoding_is_on_stderr_and_takes_decode_settin
     ("decode.strategy=sample", "decode.strategy: 'sample' is not one of greedy, beam"),
 ])
 def test_eval_refuses_any_other_setting_in_one_line(headline_run, item, message):
-    result = trainformer("eval", str(headline_run), "--set", item, check=False)
+    result = trainformer("eval", str(headline_run[0]), "--set", item, check=False)
     assert result.returncode == 2 and message in result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import sacrebleu
 import tensorflow as tf
-from cli_helpers import TINY, read_metrics, stop_after_first_step, trainformer
+from cli_helpers import HEADLINES, TINY, read_metrics, stop_after_first_step, trainformer
 
 from trainformer.config import load_config
 from trainformer.model.heads import build_masked_lm
@@ -19,13 +19,6 @@ from trainformer.model.seq2seq import build_seq2seq
 from trainformer.run.inference import load_run
 from trainformer.tokens import SEP_ID
 from trainformer.train.checkpoint import Checkpoints, restore_pretrained
-
-HEADLINES = [*TINY, "--set", "task.type=seq2seq", "--set", "data.corpus=people-daily-headlines",
-             "--set", "data.seq_len=64", "--set", "data.target_len=24", "--set", "data.valid_fraction=0.1",
-             "--set", "data.test_fraction=0.1", "--set", "train.batch_tokens=1024", "--set", "decode.beam_size=2",
-             "--set", "train.label_smoothing=0.1", "--set", "train.steps=20", "--set", "train.eval_every=20",
-             "--set", "train.deterministic=true", "--set", "model.dropout=0.1"]
-
 
 def characters(text: str) -> list[str]:
     return [c for c in unicodedata.normalize("NFKC", text) if not c.isspace()]
@@ -69,12 +62,6 @@ def assert_scores_of(result: dict, rows: list[dict]) -> None:
     assert {name: result[name] for name in expected} == pytest.approx(expected, rel=1e-9, abs=1e-9)
 
 
-@pytest.fixture(scope="module")
-def headline_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("headlines") / "run"
-    return run_dir, trainformer("train", "--run-dir", str(run_dir), *HEADLINES).stdout
-
-
 def test_training_writes_the_decoded_valid_split_beside_its_references(headline_run):
     run_dir, stdout = headline_run
     progress = [line for line in stdout.splitlines() if line.startswith("step ")]
@@ -89,8 +76,9 @@ def test_training_writes_the_decoded_valid_split_beside_its_references(headline_
     assert_scores_of(valid, rows)  # the scores logged are those of the outputs written (0: see below)
 
 
-def test_eval_json_scores_the_test_split(headline_run):
-    run_dir, _ = headline_run
+def test_eval_json_scores_the_test_split(headline_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(headline_run[0], run_dir)  # eval writes its outputs into the run
     result = json.loads(trainformer("eval", str(run_dir), "--split", "test", "--json").stdout)
     assert {"bleu", "chrf", "rouge1", "rouge2", "rougeL", "loss", "token_accuracy", "num_examples", "split", "step",
             "decode", "sentences_per_s"} <= set(result)

@@ -3,22 +3,17 @@ real LibreOffice help, exported as a text-in SavedModel whose beam search answer
 process without trainformer, what `trainformer predict` prints, n-best included."""
 
 import json
+import shutil
 import subprocess
 import sys
 
 import pytest
-from cli_helpers import ENV, TINY, trainformer
+from cli_helpers import ENV, trainformer
 
 from trainformer.errors import UserError
 from trainformer.export import export_run
 
-# TINY's sizes, a small joint vocabulary, 20 steps: ~35 s on 2 cores; the outputs are poor
-# but not empty, so token-for-token equality means something.
-TRANSLATION = ["en-zh-translate", *TINY, "--set", "model.decoder_layers=1", "--set", "data.seq_len=48",
-               "--set", "data.valid_fraction=0.005",  # ~120 valid pairs: parity needs 64, eval decodes them all
-               "--set", "data.target_len=48", "--set", "train.batch_tokens=1024", "--set", "train.steps=20",
-               "--set", "train.eval_every=20", "--set", "train.checkpoint_every=20",
-               "--set", "tokenizer.vocab_size=2000", "--set", "decode.beam_size=2", "--set", "train.precision=fp32"]
+# conftest's translation_export: cli_helpers.TRANSLATION trained 20 steps and exported
 SOURCES = ["Click the OK button.", "To Create a Variable", "Select the cells " * 20]  # the last is truncated
 
 # Only tensorflow and tensorflow-text, as on a serving host.
@@ -31,14 +26,6 @@ answer = model.signatures["serving_default"](text=tf.constant(json.loads(sys.arg
 assert not [name for name in sys.modules if name.startswith("trainformer")]
 print(json.dumps({key: value.numpy().tolist() for key, value in answer.items()}, default=bytes.decode))
 """
-
-
-@pytest.fixture(scope="module")
-def translation_export(tmp_path_factory):
-    root = tmp_path_factory.mktemp("translation")
-    trainformer("train", "--run-dir", str(root / "run"), *TRANSLATION)
-    stdout = trainformer("export", str(root / "run"), "--out", str(root / "export")).stdout
-    return root / "run", root / "export", stdout
 
 
 def test_a_translation_run_exports_a_text_in_saved_model_that_answers_as_predict(translation_export):
@@ -66,8 +53,10 @@ def test_a_translation_run_exports_a_text_in_saved_model_that_answers_as_predict
     assert answer["truncated"] == [False, False, True] == [p.get("truncated", False) for p in predicted]
 
 
-def test_export_decodes_as_set_and_refuses_what_it_cannot_check(translation_export):
-    run_dir, base, _ = translation_export
+def test_export_decodes_as_set_and_refuses_what_it_cannot_check(translation_export, tmp_path):
+    run_dir, shared, _ = translation_export
+    base = tmp_path / "export"
+    shutil.copytree(shared, base)  # conftest's export is read-only: the new version goes to a copy
     metadata = export_run(run_dir, base, version=21, overrides=["decode.beam_size=3", "decode.max_length=12"],
                           say=lambda text: None)
     assert metadata["decode"] == {"strategy": "beam", "max_length": 12, "beam_size": 3, "length_penalty": 1.0}

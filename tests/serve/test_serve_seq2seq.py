@@ -11,25 +11,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  the SavedModel holds its tokenizer ops
-from cli_helpers import TINY, trainformer
 from serve_helpers import Server, highest
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-# As tests/export/test_export_seq2seq.py trains it: TINY sizes, a small joint vocabulary, 20
-# steps, beam 2; the outputs are poor but not empty, so equality means something.
-TRANSLATION = ["en-zh-translate", *TINY, "--set", "model.decoder_layers=1", "--set", "data.seq_len=48",
-               "--set", "data.valid_fraction=0.005", "--set", "data.target_len=48", "--set", "train.batch_tokens=1024",
-               "--set", "train.steps=20", "--set", "train.eval_every=20", "--set", "train.checkpoint_every=20",
-               "--set", "tokenizer.vocab_size=2000", "--set", "decode.beam_size=2", "--set", "train.precision=fp32"]
 SOURCES = ["Click the OK button.", "To Create a Variable", "Select the cells " * 20, "Help", "Insert a new sheet."]
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    root = tmp_path_factory.mktemp("translation")
-    trainformer("train", "--run-dir", str(root / "run"), *TRANSLATION)
-    trainformer("export", str(root / "run"), "--out", str(root / "export"))
-    return root / "export"
+def base(translation_export):
+    """conftest's translation export (cli_helpers.TRANSLATION): one version, 20."""
+    return translation_export[1]
 
 
 @pytest.fixture(scope="module")
