@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import ENV, TINY, read_metrics, stop_after_first_step, stop_after_line, trainformer
+from cli_helpers import ENV, TINY, read_metrics, stop_after_line, trainformer
 
 from trainformer.config import load_config
 from trainformer.model.heads import build_classifier, build_masked_lm
@@ -32,18 +32,22 @@ def pretrained(tmp_path_factory):
     return run_dir
 
 
-def finetune_args(pretrained) -> list[str]:
-    """Deterministic, with dropout: the resume test stops a run with these same arguments, reruns
-    it, and compares its weights with the finetuned fixture's bit for bit (no reference run of
-    its own: one 30-step run saved)."""
-    return [*TINY, *INTENTS, "--set", "train.steps=30", "--set", "train.deterministic=true",
-            "--set", "model.dropout=0.1", "--set", f"model.init_from={pretrained}"]
+# Every fine-tuning key at once (train.keep_best, train.layer_decay, model.pooling), deterministic
+# with dropout: the kept_best fixture stops a run with these same arguments, resumes it, and
+# compares it with the finetuned fixture bit for bit (one uninterrupted run serves both).
+FINE_TUNING = ["--set", "train.keep_best=true", "--set", "train.layer_decay=0.8", "--set", "model.pooling=mean",
+               "--set", "train.steps=40", "--set", "train.eval_every=10", "--set", "train.deterministic=true",
+               "--set", "model.dropout=0.1", "--set", "train.precision=fp32"]
+
+
+def fine_tuning_args(pretrained) -> list[str]:
+    return [*TINY, *INTENTS, "--set", f"model.init_from={pretrained}", *FINE_TUNING]
 
 
 @pytest.fixture(scope="module")
 def finetuned(pretrained, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("intent") / "run"
-    result = trainformer("train", "--run-dir", str(run_dir), *finetune_args(pretrained))
+    result = trainformer("train", "--run-dir", str(run_dir), *fine_tuning_args(pretrained))
     return run_dir, result.stdout, result.stderr
 
 
@@ -67,7 +71,8 @@ def test_eval_json_of_a_classify_run(finetuned):
     result = json.loads(trainformer("eval", str(run_dir), "--split", "test", "--json").stdout)
     assert {"accuracy", "macro_f1", "per_class", "support", "baseline_accuracy", "num_examples", "split",
             "step", "loss", "confusion"} <= set(result)
-    assert result["split"] == "test" and result["step"] == 30
+    best = json.loads((run_dir / "checkpoints" / "best.json").read_text())
+    assert result["split"] == "test" and result["step"] == best["step"]  # keep_best: the best checkpoint
     assert sum(result["support"].values()) == result["num_examples"] == np.sum(result["confusion"])
     correct = np.trace(result["confusion"])
     assert result["accuracy"] == pytest.approx(correct / result["num_examples"])
@@ -156,28 +161,7 @@ def test_restore_pretrained_loads_the_encoder_and_leaves_the_head(tmp_path):
         np.testing.assert_array_equal(before, after.numpy())
 
 
-def test_a_stopped_classify_run_resumes_to_the_same_weights(tmp_path, pretrained, finetuned):
-    """SIGTERM mid-run, rerun: bitwise the weights of an uninterrupted deterministic run (the
-    finetuned fixture, trained with the same arguments)."""
-    stop_after_first_step("--run-dir", str(tmp_path / "stopped"), *finetune_args(pretrained))
-    trainformer("train", "--run-dir", str(tmp_path / "stopped"))
-    digests = [json.loads((run_dir / "manifest.json").read_text())["weights_sha256"]
-               for run_dir in (finetuned[0], tmp_path / "stopped")]
-    assert digests[0] == digests[1]
-    steps = [e["step"] for e in read_metrics(tmp_path / "stopped") if e.get("split") == "train"]
-    assert steps == sorted(set(steps))
-
-
 # --- the fine-tuning keys: train.keep_best, train.layer_decay, model.pooling ---------------------
-
-FINE_TUNING = ["--set", "train.keep_best=true", "--set", "train.layer_decay=0.8", "--set", "model.pooling=mean",
-               "--set", "train.steps=40", "--set", "train.eval_every=10", "--set", "train.deterministic=true",
-               "--set", "train.precision=fp32"]
-
-
-def fine_tuning_args(pretrained) -> list[str]:
-    return [*TINY, *INTENTS, "--set", f"model.init_from={pretrained}", *FINE_TUNING]
-
 
 @pytest.fixture(scope="module")
 def kept_best(pretrained, tmp_path_factory):
@@ -233,13 +217,14 @@ def test_export_uses_the_best_checkpoint_and_mean_pooling_passes_parity(kept_bes
     assert metadata["step"] == best["step"] and metadata["checkpoint"] == f"checkpoints/best/best-{best['step']}"
 
 
-def test_the_stopped_fine_tune_resumes_to_the_weights_and_best_of_an_uninterrupted_one(kept_best, pretrained,
-                                                                                      tmp_path):
-    """Deterministic: the factors of layer decay are no state a resume could lose, and the best
-    record of the first segment is what the second one has to beat."""
+def test_the_stopped_fine_tune_resumes_to_the_weights_and_best_of_an_uninterrupted_one(kept_best, finetuned):
+    """SIGTERM mid-run, rerun: bitwise the weights of the uninterrupted deterministic run (with
+    dropout: its random state resumes too). The factors of layer decay are no state a resume
+    could lose, and the best record of the first segment is what the second one has to beat."""
     assert "resuming from checkpoint" in kept_best[2]
-    trainformer("train", "--run-dir", str(tmp_path / "run"), *fine_tuning_args(pretrained))
-    runs = (kept_best[0], tmp_path / "run")
+    steps = [e["step"] for e in read_metrics(kept_best[0]) if e.get("split") == "train"]
+    assert steps == sorted(set(steps))  # no step logged twice across the resume
+    runs = (kept_best[0], finetuned[0])
     digests = [json.loads((run_dir / "manifest.json").read_text())["weights_sha256"] for run_dir in runs]
     assert digests[0] == digests[1]
     records = [json.loads((run_dir / "checkpoints" / "best.json").read_text()) for run_dir in runs]
