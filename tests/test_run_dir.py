@@ -183,14 +183,15 @@ def test_texts_longer_than_the_sources_learned_positions_are_refused(source_run,
 
 
 def test_a_decoder_started_from_the_encoder_needs_a_block_of_it_for_each_of_its_own(source_run, tmp_path):
-    headline = [f"model.init_from={source_run.root}", "data.seq_len=32", "data.corpus=people-daily-headlines"]
+    headline = [f"model.init_from={source_run.root}", "data.seq_len=32", "data.corpus=people-daily-headlines",
+                "model.decoder_init=encoder"]
     config, run = resolve_train_config("zh-headline", [*headline, "model.decoder_layers=4"], tmp_path / "run")
     with pytest.raises(UserError, match=r"^model.decoder_layers: 4 decoder blocks but model.init_from=.* has 3 "
                                         r"encoder blocks to start them from; set model.decoder_layers=3 or less, "
                                         r"or model.decoder_init=random$"):
         run.check_init_from(config)
     run.check_init_from(resolve_train_config("zh-headline", [*headline, "model.decoder_layers=2"], run.root)[0])
-    random = [*headline, "model.decoder_layers=4", "model.decoder_init=random"]
+    random = [*headline[:-1], "model.decoder_layers=4", "model.decoder_init=random"]
     run.check_init_from(resolve_train_config("zh-headline", random, run.root)[0])
 
 
