@@ -34,6 +34,9 @@ CONFIGS = {
                             intermediate=1024, max_pos=512, dropout=0.1),
     "bert-small-bench": dict(vocab=21128, hidden=512, layers=8, heads=8,
                              intermediate=2048, max_pos=512, dropout=0.1),
+    # issue 21's held-out shape (MiniLM-L6-H384): 12 heads of 32 dims
+    "minilm-bench": dict(vocab=21128, hidden=384, layers=6, heads=12,
+                         intermediate=1536, max_pos=512, dropout=0.1),
 }
 
 

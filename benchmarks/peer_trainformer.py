@@ -35,7 +35,12 @@ from trainformer.ops.bench import bench, bench_run_dir
 from trainformer.tasks import load_source
 from trainformer.tasks.mlm import MaskedLMTask
 
-config = load_config(args.config, [f"train.precision={args.precision}", f"train.xla={args.xla}"])
+# The shape from common.CONFIGS, as every peer builds it, over the bert-mini-bench config's
+# data and tokenizer (BERT layout: post-LN, learned positions, tied head)
+shape = common.CONFIGS[args.config]
+sizes = {"d_model": "hidden", "num_layers": "layers", "num_heads": "heads", "dff": "intermediate", "dropout": "dropout"}
+config = load_config("bert-mini-bench", [f"model.{key}={shape[name]}" for key, name in sizes.items()]
+                     + [f"tokenizer.vocab_size={shape['vocab']}", f"train.precision={args.precision}", f"train.xla={args.xla}"])
 cache = Path(args.cache_dir)
 r = bench(config, steps=args.steps, warmup=args.warmup, synthetic=not args.text, cache_dir=cache)
 print(json.dumps(r), flush=True)

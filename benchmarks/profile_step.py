@@ -21,6 +21,8 @@ from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 from trainformer.config import load_config
 from trainformer.ops.bench import make_trainer, synthetic_dataset
+from trainformer.tasks.mlm import MaskedLMTask
+from trainformer.train.precision import resolved
 
 p = argparse.ArgumentParser()
 p.add_argument("config")
@@ -30,9 +32,9 @@ args = p.parse_args()
 logdir = os.path.join(os.environ.get("BENCH_TMP", "/tmp/trainformer-bench"), "profile")
 shutil.rmtree(logdir, ignore_errors=True)
 
-config = load_config(args.config, args.overrides)
-vocab = config.tokenizer.vocab_size
-trainer, batches = make_trainer(config, vocab, synthetic_dataset(vocab, config))
+config, _ = resolved(load_config(args.config, args.overrides))  # precision auto -> what train picks here
+task = MaskedLMTask(config)
+trainer, batches = make_trainer(config, task, synthetic_dataset(task.vocab_size, config))
 for _ in range(3):
     trainer.train_step(batches)["loss_sum"].numpy()
 tf.profiler.experimental.start(logdir)
