@@ -17,7 +17,13 @@ from trainformer.config import ModelConfig, load_config
 from trainformer.model.heads import build_classifier, build_masked_lm, layer_decay_multipliers
 from trainformer.run.session import build_trainer
 from trainformer.tasks.mlm import MaskedLMTask
-from trainformer.train.optim import DynamicLossScale, WarmupLinearDecay, dense_gradients, make_optimizer
+from trainformer.train.optim import (
+    DynamicLossScale,
+    WarmupLinearDecay,
+    dense_gradients,
+    make_optimizer,
+    normalized_and_clipped,
+)
 
 VOCAB, D = 10, 4
 IDS = np.array([1, 3, 1, 1, 7, 3])  # repeated ids: the case that matters
@@ -208,6 +214,25 @@ def one_hot_reference():
         return gradients
 
     return train_three_steps(gradient, [matrix])
+
+
+@pytest.mark.parametrize("clip_norm", [0.5, 1e6])  # clipped, and left alone
+def test_normalized_and_clipped_is_division_then_global_norm_clipping(clip_norm):
+    sums = [tf.constant(np.random.default_rng(0).normal(size=shape) * 40, tf.float32) for shape in [(3, 4), (5,)]]
+    divisor = tf.constant(8.0)
+    expected, expected_norm = tf.clip_by_global_norm([g / divisor for g in sums], clip_norm)
+    gradients, norm, nonfinite = normalized_and_clipped(sums, divisor, clip_norm)
+    for got, want in zip(gradients, expected):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(norm.numpy(), expected_norm.numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(nonfinite.numpy(), [0.0, 0.0])
+
+
+def test_normalized_and_clipped_flags_each_non_finite_gradient():
+    sums = [tf.ones((2, 2)), tf.constant([1.0, np.nan]), tf.constant([np.inf]), tf.zeros((3,))]
+    _, norm, nonfinite = normalized_and_clipped(sums, tf.constant(1.0), 1.0)
+    np.testing.assert_array_equal(nonfinite.numpy(), [0.0, 1.0, 1.0, 0.0])
+    assert not np.isfinite(norm.numpy())
 
 
 def test_adamw_on_dense_gradients_matches_dense_math():

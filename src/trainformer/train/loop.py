@@ -7,7 +7,7 @@ mid-epoch (DESIGN.md), so the loop is ours: step -> log -> eval -> checkpoint.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import keras
 import tensorflow as tf
@@ -16,7 +16,11 @@ from trainformer.config import TrainConfig
 from trainformer.errors import TrainingError
 from trainformer.train.checkpoint import Checkpoints, dropout_seed_states
 from trainformer.train.monitor import Monitor
-from trainformer.train.optim import DynamicLossScale, dense_gradients
+from trainformer.train.optim import (
+    DynamicLossScale,
+    dense_gradients,
+    normalized_and_clipped,
+)
 from trainformer.train.preemption import StopRequest
 from trainformer.train.strategy import count_votes, is_multi_worker
 
@@ -125,9 +129,7 @@ class Trainer:
         context = tf.distribute.get_replica_context()
         gradient_sums, count = context.all_reduce(SUM, (gradient_sums, sums["count"]))
         divisor = tf.maximum(count, 1.0) * (self.loss_scale.scale if self.loss_scale else 1.0)
-        gradients = [g / divisor for g in gradient_sums]
-        nonfinite = tf.stack([tf.cast(tf.reduce_any(~tf.math.is_finite(g)), tf.float32) for g in gradients])
-        gradients, grad_norm = tf.clip_by_global_norm(gradients, self.config.clip_norm)
+        gradients, grad_norm, nonfinite = normalized_and_clipped(gradient_sums, divisor, self.config.clip_norm)
         return gradients, {**sums, "grad_norm": grad_norm, "nonfinite": nonfinite}
 
     def _replica_apply(self, gradients: list) -> None:
