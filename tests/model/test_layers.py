@@ -12,6 +12,7 @@ from trainformer.model.layers import (
     TransformerEncoderBlock,
     attend,
     attention_probabilities,
+    fused_attention,
     gelu,
     gelu_exact,
     padding_keep,
@@ -139,14 +140,14 @@ def test_padding_mask_hides_padded_positions(norm):
 
 @pytest.mark.parametrize("mask", ["padding", "causal", "none"])
 def test_fused_attention_equals_the_explicit_softmax(mask):
-    """Without dropout `attend` is one ops.dot_product_attention (cuDNN's fused kernel under
-    JAX on a GPU); it must compute what the explicit float32 softmax computes, masks included."""
+    """Under JAX without dropout `attend` is one ops.dot_product_attention (cuDNN's fused
+    kernel on a GPU); it must compute what the explicit float32 softmax computes, masks included."""
     query, key, value = (random(2, 6, 3, 4) for _ in range(3))  # (batch, seq, heads, head_dim)
     keep = {"padding": padding_keep(np.array([[1] * 6, [1] * 4 + [0] * 2], bool)),
             "causal": np.tril(np.ones((6, 6), bool))[None, None], "none": None}[mask]
-    fused = np.asarray(attend(query, key, value, keep))
     explicit = np.einsum("bhqk,bkhd->bqhd", np.asarray(attention_probabilities(query, key, keep)), value)
-    np.testing.assert_allclose(fused, explicit.reshape(2, 6, 12), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(fused_attention(query, key, value, keep)), explicit, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(attend(query, key, value, keep)), explicit.reshape(2, 6, 12), atol=1e-6)
     # with dropout in training the probabilities are dropped: two calls differ
     dropout = keras.layers.Dropout(0.5)
     first, second = (np.asarray(attend(query, key, value, keep, dropout, training=True)) for _ in range(2))

@@ -61,21 +61,29 @@ def attend(query, key, value, keep=None, dropout=None, training=None):
     query (batch, q, heads, head_dim), key and value (batch, k, heads, head_dim); keep as in
     `attention_probabilities`; dropout: the Dropout layer applied to the probabilities.
 
-    Without dropout (inference, or a rate of 0) this is one `ops.dot_product_attention`, which
-    Keras' JAX backend runs as cuDNN's fused kernel on a GPU (TensorFlow computes the same
-    softmax in float32 as below). That kernel refuses a (batch, 1, 1, k) mask, so the mask is
-    broadcast to (batch, 1, q, k). Dropout needs the probabilities themselves, so training with
-    it takes the explicit path.
+    Under JAX, without dropout (inference, or a rate of 0), this is one
+    `ops.dot_product_attention`, which Keras' JAX backend runs as cuDNN's fused kernel on a GPU.
+    That kernel refuses a (batch, 1, 1, k) mask, so the mask is broadcast to (batch, 1, q, k).
+    Dropout needs the probabilities themselves, so training with it takes the explicit path;
+    so does TensorFlow always: its `dot_product_attention` is two `tf.einsum`s, which oneDNN
+    runs as _MklEinsum, slower on CPUs than the transposes and batch matmuls `ops.einsum`
+    makes of the same contractions (benchmarks/README.md, issue 21).
     """
     batch, length = ops.shape(query)[0], ops.shape(query)[1]
-    if training and dropout is not None and dropout.rate > 0:
+    dropping = training and dropout is not None and dropout.rate > 0
+    if dropping or keras.backend.backend() != "jax":
         probs = ops.cast(attention_probabilities(query, key, keep), query.dtype)  # (batch, heads, q, k)
-        context = attention_context(dropout(probs, training=training), value)
+        context = attention_context(dropout(probs, training=training) if dropping else probs, value)
     else:
-        if keep is not None:
-            keep = ops.broadcast_to(keep, (batch, 1, length, ops.shape(key)[1]))
-        context = ops.dot_product_attention(query, key, value, mask=keep)  # (batch, q, heads, head_dim)
+        context = fused_attention(query, key, value, keep)
     return ops.reshape(context, (batch, length, value.shape[2] * value.shape[3]))
+
+
+def fused_attention(query, key, value, keep=None):
+    """`ops.dot_product_attention` of attend's arguments: (batch, q, heads, head_dim)."""
+    if keep is not None:
+        keep = ops.broadcast_to(keep, (ops.shape(query)[0], 1, ops.shape(query)[1], ops.shape(key)[1]))
+    return ops.dot_product_attention(query, key, value, mask=keep)
 
 
 def split_heads(x, parts: int, num_heads: int, head_dim: int):
@@ -303,8 +311,8 @@ class TransformerEncoderBlock(TransformerBlock):
         Returns:
             (batch, heads, seq_q, seq_k) float32; each row sums to 1 over the keys.
 
-        `call` runs the same `_heads` and this softmax (in training with dropout), or
-        `ops.dot_product_attention`, equal within float rounding (tested): a displayed map is
+        `call` runs the same `_heads` and this softmax (or, under JAX without dropout,
+        `ops.dot_product_attention`, equal within float rounding: tested): a displayed map is
         what the model attends with.
         """
         h = self._attention_norm(x) if self.norm == "pre" else x
