@@ -283,8 +283,9 @@ def test_own_corpus_run_eval_without_the_corpus_and_a_changed_corpus_refused(tmp
     final = manifest["final_eval"]
     # precision auto: the start summary and the manifest say what it chose here and why
     precision, why = resolve_precision("auto")
-    assert f"parameters, {precision}\n" in result.stdout and f"precision: {precision} ({why})" in result.stdout
-    assert (manifest["precision"], manifest["precision_reason"]) == (precision, why)
+    why = why.split(" ran bf16 matmuls at")[0]  # a CPU with bf16 instructions quotes the ratio it measured then
+    assert f"parameters, {precision}\n" in result.stdout and f"precision: {precision} ({why}" in result.stdout
+    assert manifest["precision"] == precision and manifest["precision_reason"].startswith(why)
 
     news.rename(tmp_path / "moved.txt")  # eval reads the run's token cache, not the corpus
     assert json.loads(trainformer("eval", str(run_dir), "--json").stdout)["loss"] == pytest.approx(final["loss"])

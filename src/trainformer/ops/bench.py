@@ -27,7 +27,7 @@ from trainformer.config import ExperimentConfig
 from trainformer.data.pipeline import NUM_SPECIAL, distribute, mask_batch, split_targets
 from trainformer.errors import UserError
 from trainformer.ops.flops import train_flops_per_step
-from trainformer.ops.peak import matmul_gflops
+from trainformer.train.peak import matmul_gflops
 from trainformer.run.session import build_trainer
 from trainformer.run_dir import RunDir
 from trainformer.tasks import load_source, task_for

@@ -178,7 +178,7 @@ def probe_xla(tf) -> dict:
 def probe_matmul(tf) -> list[dict]:
     """fp32 and bf16 matmul on every device: GFLOP/s, and the relative error against numpy
     (None where the device has no kernel for the type)."""
-    from trainformer.ops.peak import matmul_gflops
+    from trainformer.train.peak import matmul_gflops
 
     results = []
     for device in tf.config.list_logical_devices():
@@ -195,7 +195,7 @@ def probe_matmul(tf) -> list[dict]:
 
 def matmul_error(tf, dtype: str, size: int = 256) -> float:
     """Relative error (Frobenius norm) of a dtype matmul on the current device against float64."""
-    from trainformer.ops.peak import DTYPES
+    from trainformer.train.peak import DTYPES
 
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((size, size)).astype(np.float32) for _ in range(2))
@@ -374,16 +374,21 @@ def bf16_speed(matmul: list[dict], device: str) -> str:
 
 def auto_precision(facts: dict) -> tuple[str, str]:
     """What `train.precision: auto` chooses on the machine the facts describe, and why: the GPUs
-    TensorFlow sees decide before the CPU does. A CPU's choice follows its flags; the speed it
-    quotes is this machine's self-test, not train's canned figure."""
+    TensorFlow sees decide before the CPU does; a CPU with bf16 instructions by the bf16/fp32
+    ratio of this machine's self-test (train times its own matmul, the same way)."""
     gpus = [(gpu["name"], version_tuple(gpu["compute_capability"]) if gpu["compute_capability"] else None)
             for gpu in facts["tensorflow"]["gpus"]]
     flags = {name for name, on in facts["cpu"]["features"].items() if on}
-    choice, why = choose_precision(gpus, False, flags)
-    if gpus:
+    choice, why = choose_precision(gpus, False, flags, lambda: measured_bf16_speedup(facts["matmul"], "CPU:0"))
+    if gpus or flags & set(BF16_CPU_FEATURES):
         return choice, why
-    has = "has" if choice == "bf16" else "has no"
-    return choice, f"this CPU {has} AVX512-BF16 or AMX ({bf16_speed(facts['matmul'], 'CPU:0')})"
+    return choice, f"this CPU has no AVX512-BF16 or AMX ({bf16_speed(facts['matmul'], 'CPU:0')})"
+
+
+def measured_bf16_speedup(matmul: list[dict], device: str) -> float:
+    """bf16 over fp32 GFLOP/s in the self-test on device (0 where either is missing)."""
+    measured = {result["dtype"]: result["gflops"] for result in matmul if result["device"] == device}
+    return (measured.get("bf16") or 0.0) / measured["fp32"] if measured.get("fp32") else 0.0
 
 
 def matmul_rows(matmul: list[dict]) -> list[tuple[str, str]]:

@@ -3,16 +3,24 @@
 Measured (DESIGN.md, docs/measured.md): bf16 mixed precision is 1.2-2x fp32 on CPUs with
 AVX512-BF16 or AMX and 2-3x *slower* without them; GPUs from compute capability 8.0 (Ampere)
 have bf16 tensor cores, older ones only fp16 ones; TPUs compute in bf16 natively.
+
+The instructions are not the whole story: a 2-core Xeon VM listing AVX512-BF16 (no AMX) ran
+bf16 matmuls at 0.65x fp32 and trained zh-bert-small 30% faster in fp32 (issue 21). So a CPU
+with bf16 instructions times one matmul both ways (half a second, once per process) and bf16
+must win by BF16_MIN_SPEEDUP. A machine near that ratio could resolve differently in two
+processes; set train.precision to pin it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 BF16_CPU_FEATURES = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of CPUs with bf16 dot products
 BF16_GPU_CAPABILITY = (8, 0)  # Ampere: the first GPUs with bf16 tensor cores
+BF16_MIN_SPEEDUP = 1.1  # bf16 over fp32 matmul throughput a CPU must show: bf16 also costs casts
 
 
 def read_cpuinfo() -> str:
@@ -30,8 +38,11 @@ def cpu_flags(cpuinfo: str) -> set[str]:
     return set()
 
 
-def choose_precision(gpus: list[tuple[str, tuple[int, int] | None]], tpu: bool, flags: set[str]) -> tuple[str, str]:
-    """(precision, why) for a machine: gpus as (name, compute capability), a TPU, the CPU's flags."""
+def choose_precision(gpus: list[tuple[str, tuple[int, int] | None]], tpu: bool, flags: set[str],
+                     bf16_speedup: Callable[[], float]) -> tuple[str, str]:
+    """(precision, why) for a machine: gpus as (name, compute capability), a TPU, the CPU's
+    flags, and bf16_speedup() measuring bf16 over fp32 matmul throughput on the CPU (called
+    only for a CPU with bf16 instructions)."""
     if tpu:
         return "bf16", "TPU: bf16 is its native matmul type"
     if gpus:
@@ -44,11 +55,16 @@ def choose_precision(gpus: list[tuple[str, tuple[int, int] | None]], tpu: bool, 
         return "bf16", f"{gpus[0][0]} has bf16 tensor cores"
     fast = [flag for flag in BF16_CPU_FEATURES if flag in flags]
     if fast:
-        return "bf16", f"this CPU has {'/'.join(flag.upper().replace('_', '-') for flag in fast)}: bf16 runs 1.2-2x fp32"
+        names = "/".join(flag.upper().replace("_", "-") for flag in fast)
+        speedup = bf16_speedup()
+        if speedup >= BF16_MIN_SPEEDUP:
+            return "bf16", f"this CPU has {names} and ran bf16 matmuls at {speedup:.2f}x fp32"
+        return "fp32", (f"this CPU has {names}, but ran bf16 matmuls at {speedup:.2f}x fp32 "
+                        f"(bf16 needs {BF16_MIN_SPEEDUP}x)")
     return "fp32", "this CPU has no AVX512-BF16 or AMX, where bf16 runs 2-3x slower than fp32"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def resolve_precision(setting: str) -> tuple[str, str]:
     """(fp32 | bf16 | fp16, why) for a `train.precision` setting on this machine."""
     if setting != "auto":
@@ -57,8 +73,16 @@ def resolve_precision(setting: str) -> tuple[str, str]:
     details = [tf.config.experimental.get_device_details(gpu) for gpu in tf.config.list_physical_devices("GPU")]
     gpus = [(gpu.get("device_name", "GPU"), gpu.get("compute_capability")) for gpu in details]
     tpu = bool(tf.config.list_physical_devices("TPU"))  # physical: the runtime is not started yet
-    precision, why = choose_precision(gpus, tpu, cpu_flags(read_cpuinfo()))
+    precision, why = choose_precision(gpus, tpu, cpu_flags(read_cpuinfo()), cpu_bf16_speedup)
     return precision, f"auto: {why}"
+
+
+def cpu_bf16_speedup(size: int = 1024, reps: int = 5) -> float:
+    """bf16 over fp32 GFLOP/s of a (size x size) matmul on this CPU: 0 where bf16 cannot run."""
+    # imported here, as TensorFlow is in resolve_precision
+    from trainformer.train.peak import matmul_gflops
+
+    return (matmul_gflops("bf16", size, reps) or 0.0) / matmul_gflops("fp32", size, reps)
 
 
 def resolved(config):
