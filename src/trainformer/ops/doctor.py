@@ -363,7 +363,7 @@ def cpu_rows(cpu: dict, matmul: list[dict]) -> list[tuple[str, str]]:
 def bf16_speed(matmul: list[dict], device: str) -> str:
     """bf16 against fp32 as the self-test measured them on device: machines differ too much
     (and from day to day) for a ratio measured elsewhere to say anything here."""
-    measured = {result["dtype"]: result["gflops"] for result in matmul if result["device"] == device}
+    measured = measured_gflops(matmul, device)
     fp32, bf16 = measured.get("fp32"), measured.get("bf16")
     if not fp32:
         return "speed not measured"
@@ -387,8 +387,13 @@ def auto_precision(facts: dict) -> tuple[str, str]:
 
 def measured_bf16_speedup(matmul: list[dict], device: str) -> float:
     """bf16 over fp32 GFLOP/s in the self-test on device (0 where either is missing)."""
-    measured = {result["dtype"]: result["gflops"] for result in matmul if result["device"] == device}
+    measured = measured_gflops(matmul, device)
     return (measured.get("bf16") or 0.0) / measured["fp32"] if measured.get("fp32") else 0.0
+
+
+def measured_gflops(matmul: list[dict], device: str) -> dict:
+    """{dtype: GFLOP/s or None} of the self-test's matmuls on device."""
+    return {result["dtype"]: result["gflops"] for result in matmul if result["device"] == device}
 
 
 def matmul_rows(matmul: list[dict]) -> list[tuple[str, str]]:
