@@ -154,6 +154,15 @@ def test_fused_attention_equals_the_explicit_softmax(mask):
     assert np.abs(first - second).max() > 1e-3
 
 
+def test_tensorflow_attends_without_raw_einsum():
+    """On TF, attention without dropout takes the explicit path: Keras' TF dot_product_attention
+    is raw tf.einsum, which oneDNN runs as the slower _MklEinsum (benchmarks/README.md, issue 21)."""
+    query = tf.constant(random(2, 6, 3, 4))
+    graph = tf.function(lambda q: attend(q, q, q)).get_concrete_function(query).graph
+    ops_used = {op.type for op in graph.get_operations()}
+    assert "Einsum" not in ops_used and "BatchMatMulV2" in ops_used
+
+
 def test_dropout_only_in_training():
     block = TransformerEncoderBlock(num_heads=4, dff=64, dropout=0.3)
     x = random(2, 10, 32)
