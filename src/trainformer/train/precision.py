@@ -77,12 +77,12 @@ def resolve_precision(setting: str) -> tuple[str, str]:
     return precision, f"auto: {why}"
 
 
-def cpu_bf16_speedup(size: int = 1024, reps: int = 5) -> float:
-    """bf16 over fp32 GFLOP/s of a (size x size) matmul on this CPU: 0 where bf16 cannot run."""
+def cpu_bf16_speedup(size: int = 1024, rounds: int = 10) -> float:
+    """bf16 over fp32 throughput of a (size x size) matmul on this CPU: 0 where bf16 cannot run."""
     # imported here, as TensorFlow is in resolve_precision
-    from trainformer.train.peak import matmul_gflops
+    from trainformer.train.peak import relative_speed
 
-    return (matmul_gflops("bf16", size, reps) or 0.0) / matmul_gflops("fp32", size, reps)
+    return relative_speed("bf16", "fp32", size, rounds)
 
 
 def resolved(config):
