@@ -7,9 +7,10 @@
 #   FINETUNE_SET="--set train.learning_rate=2e-3" bash benchmarks/classify/pretraining_pays.sh runs/lr2e-3
 #   PRETRAINED=runs/zh-bert-small bash benchmarks/classify/pretraining_pays.sh   # reuse a pretraining
 #
-# A run whose test score is on disk is not run again, so an interrupted benchmark is rerun with
-# the same command (a half-finished run resumes from its checkpoint: its wall time then covers
-# only the part after the restart, and the table says so).
+# A run that finished (its RUN.wall is on disk) is not run again, nor a test score on disk
+# recomputed, so an interrupted benchmark is rerun with the same command (a half-finished run
+# resumes from its checkpoint: its wall time then covers only the part after the restart, and
+# the table says so).
 set -euo pipefail
 runs=${1:-runs/pretraining-pays}
 pretrained=${PRETRAINED:-$runs/zh-bert-small}
