@@ -20,6 +20,23 @@ import pytest
 # (printing its start-up records, since no capture is active there).
 
 
+# The files that take longest (a full run's --durations on 2 cores, most first), dealt to the
+# pytest-xdist workers first: dealt last, one leaves the other worker idle at the end. xdist's own
+# order (--no-loadscope-reorder in pyproject.toml turns it off) deals files with more tests first,
+# which put test_resume.py's three long tests last.
+SLOWEST_FILES = (
+    "test_cli.py", "train/test_distributed.py", "train/test_resume.py", "test_seq2seq.py", "test_classify.py",
+    "train/test_loop.py", "test_cli_output.py", "export/test_export.py", "export/test_export_seq2seq.py",
+    "test_bench.py", "serve/test_serve_http.py", "test_eval_cli.py", "test_electra_cli.py",
+    "interop/test_hf_export.py", "interop/test_hf_import.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {f"tests/{name}": place for place, name in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
+
+
 def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
     """The folder `name`, made by build(folder) once per test session: under pytest-xdist the
     first worker to ask builds it while the others wait on a file lock, then all read it."""

@@ -3,30 +3,27 @@
 Deterministic runs give bitwise-equal weights (XLA on and off), also when each trains its own
 vocabulary, and a run killed with SIGKILL at any point, then rerun with the same command, ends
 with exactly the weights, optimizer state and dropout RNG state of a run that was never
-interrupted.
+interrupted, its metrics.jsonl holding each record once.
 """
 
+import json
 import subprocess
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import TINY, start, trainformer
+from cli_helpers import TINY, read_metrics, start, trainformer
 
 DETERMINISTIC = [
     *TINY, "--set", "train.deterministic=true", "--set", "model.dropout=0.1",
-    "--set", "train.accumulate=3", "--set", "train.steps=40",
+    "--set", "train.accumulate=3", "--set", "train.steps=20",
 ]
 
 
-@pytest.fixture(scope="module")
-def vocab_args(vocab_dir):
-    return ["--set", f"tokenizer.vocab_file={vocab_dir / 'vocab.txt'}"]
-
-
-def final_state(run_dir) -> dict:
-    """Every saved tensor of the latest checkpoint but the save counter."""
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(run_dir / "checkpoints")))
+def final_state(run_dir, checkpoint: str = "") -> dict:
+    """Every saved tensor of a checkpoint (default: the latest) but the save counter."""
+    folder = run_dir / "checkpoints"
+    reader = tf.train.load_checkpoint(str(folder / checkpoint) if checkpoint else tf.train.latest_checkpoint(str(folder)))
     names = [n for n in reader.get_variable_to_shape_map() if not n.startswith(("save_counter", "_CHECKPOINTABLE"))]
     return {name: reader.get_tensor(name) for name in names}
 
@@ -34,24 +31,23 @@ def final_state(run_dir) -> dict:
 def assert_bitwise_equal(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     assert any("dropout_seeds" in name for name in a)  # the RNG state is part of what must match
-    for name in a:
-        assert np.array_equal(a[name], b[name]), name
+    for name, value in a.items():
+        assert np.array_equal(value, b[name]), name
 
 
 @pytest.mark.parametrize("xla", ["off", "on"])
-def test_two_deterministic_runs_are_bitwise_equal(tmp_path, xla):
-    """No tokenizer.vocab_file: each run learns its own vocabulary from the corpus (HF's WordPiece
-    trainer made those differ from process to process, huggingface/tokenizers#1794)."""
-    args = [*DETERMINISTIC, "--set", f"train.xla={xla}", "--set", "train.steps=20"]  # 20 steps show it
+def test_two_deterministic_runs_are_bitwise_equal(tmp_path, xla, vocab_args):
+    """With XLA off each run learns its own vocabulary from the corpus (HF's WordPiece trainer
+    made those differ from process to process, huggingface/tokenizers#1794); with XLA on both
+    read the session's, which spares two vocabularies' training."""
+    args = [*DETERMINISTIC, "--set", f"train.xla={xla}", *(vocab_args if xla == "on" else [])]
     for name in ("a", "b"):
         trainformer("train", "--run-dir", str(tmp_path / name), *args)
     vocab_a, vocab_b = ((tmp_path / name / "tokenizer" / "vocab.txt").read_bytes() for name in ("a", "b"))
     assert vocab_a == vocab_b
     assert_bitwise_equal(final_state(tmp_path / "a"), final_state(tmp_path / "b"))
-    if xla == "off":  # the comparison can fail (once is enough: a third run costs ~17 s)
-        trainformer("train", "--run-dir", str(tmp_path / "c"), *args, "--set", "train.seed=1")
-        a, c = final_state(tmp_path / "a"), final_state(tmp_path / "c")
-        assert not all(np.array_equal(a[name], c[name]) for name in a)
+    a, earlier = final_state(tmp_path / "a"), final_state(tmp_path / "a", "ckpt-10")
+    assert not all(np.array_equal(a[name], earlier[name]) for name in a)  # the comparison can fail
 
 
 @pytest.fixture(scope="module")
@@ -61,26 +57,47 @@ def uninterrupted(tmp_path_factory, vocab_args):
     return final_state(run_dir)
 
 
-def wait_for_progress_line(process, step: int) -> None:
-    for line in process.stdout:  # "step  5/40  loss ..."
+def wait_for_progress_line(process, step: int) -> str:
+    """Read process's stdout up to its progress line for `step`; what it read."""
+    seen = []
+    for line in process.stdout:  # "step  5/20  loss ..."
+        seen.append(line)
         if line.startswith("step ") and line.split()[1].startswith(f"{step}/"):
-            return
+            return "".join(seen)
     raise AssertionError(f"training ended before step {step}")
 
 
-@pytest.mark.parametrize("kill_point", ["before the first checkpoint", "right after a checkpoint", "mid-step"])
-def test_kill_9_and_rerun_matches_an_uninterrupted_run(tmp_path, vocab_args, uninterrupted, kill_point):
-    args = ["train", "--run-dir", str(tmp_path / "run"), *DETERMINISTIC, *vocab_args]
-    process = start(*args, stdout=subprocess.PIPE)
-    if kill_point == "before the first checkpoint":  # checkpoints come every 10 steps
-        wait_for_progress_line(process, 5)
-    elif kill_point == "right after a checkpoint":
-        while not (tmp_path / "run" / "checkpoints" / "checkpoint").exists():
-            assert process.poll() is None
-    else:  # each step runs 3 accumulated micro-batches; most of the wall time is inside one
-        wait_for_progress_line(process, 15)
+def kill_9(process) -> str:
+    """SIGKILL process; what it printed that was not read yet."""
     process.kill()
-    process.communicate()
-    rerun = trainformer(*args)
-    assert ("resuming from checkpoint" in rerun.stdout) == (kill_point != "before the first checkpoint")
+    return process.communicate()[0]
+
+
+def test_kill_9_three_times_and_rerun_matches_an_uninterrupted_run(tmp_path, vocab_args, uninterrupted):
+    """One run killed with SIGKILL at three points in turn, each time started again with the same
+    command: before its first checkpoint (the next start begins afresh), right after a checkpoint
+    lands, and mid-step (each step runs 3 accumulated micro-batches; most of the wall time is
+    inside one). Checkpoints come every 10 steps."""
+    args = ["train", "--run-dir", str(tmp_path / "run"), *DETERMINISTIC, *vocab_args]
+    checkpoint = tmp_path / "run" / "checkpoints" / "checkpoint"
+
+    process = start(*args, stdout=subprocess.PIPE)
+    wait_for_progress_line(process, 5)
+    kill_9(process)
+    assert not checkpoint.exists()
+
+    process = start(*args, stdout=subprocess.PIPE)
+    while not checkpoint.exists():
+        assert process.poll() is None
+    assert "resuming from checkpoint" not in kill_9(process)
+
+    process = start(*args, stdout=subprocess.PIPE)
+    assert "resuming from checkpoint" in wait_for_progress_line(process, 15)
+    kill_9(process)
+
+    assert "resuming from checkpoint" in trainformer(*args).stdout
     assert_bitwise_equal(final_state(tmp_path / "run"), uninterrupted)
+    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["final_eval"]["step"] == 20
+    logged = [(e["split"], e["step"]) for e in read_metrics(tmp_path / "run") if "split" in e]  # every line parses
+    assert sorted(logged) == [("train", 5), ("train", 10), ("train", 15), ("train", 20),
+                              ("valid", 15), ("valid", 20)]  # each record once
