@@ -25,9 +25,11 @@ from trainformer.train.precision import resolve_precision
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A finished 30-step run, its vocabulary trained too; returns (run_dir, stdout, stderr)."""
+    """A finished 30-step run, its vocabulary trained too, its last 10 steps on windows of 64
+    tokens (data.long_seq_len); returns (run_dir, stdout, stderr)."""
     run_dir = tmp_path_factory.mktemp("runs") / "tiny"
-    result = trainformer("train", "--run-dir", str(run_dir), *TINY, "--set", "train.steps=30", env=CLEAN_ENV)
+    result = trainformer("train", "--run-dir", str(run_dir), *TINY, "--set", "train.steps=30",
+                         "--set", "data.long_seq_len=64", "--set", "data.long_fraction=0.34", env=CLEAN_ENV)
     return run_dir, result.stdout, result.stderr
 
 
@@ -56,6 +58,7 @@ def test_summary_and_progress_lines(run):
     assert len(progress) == 6  # every 5 of 30 steps
     assert all("tok/s" in line and "ETA" in line and "lr " in line and "data-wait" in line for line in progress)
     assert "most-frequent-token baseline" in stdout
+    assert "  from step 20: " in stdout and " windows of 64 tokens, batch 8 (data.long_seq_len)" in stdout
 
 
 def test_a_training_run_prints_nothing_on_stderr(run):

@@ -201,6 +201,20 @@ def test_fine_tuning_keys_are_checked(overrides, message):
     assert message in error_of(None, overrides)
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["data.long_seq_len=-1"], "data.long_seq_len: must be >= 0"),
+    (["task.type=classify", "data.long_seq_len=256"], "data.long_seq_len: pretraining windows"),
+    (["data.long_seq_len=64"], "data.long_seq_len: 64 must be more than data.seq_len=64"),
+    (["data.long_seq_len=96"], "data.long_seq_len: 96 tokens do not divide a batch of train.batch_size x "
+                               "data.seq_len = 2048 tokens"),
+    (["data.long_seq_len=256", "data.long_fraction=1"], "data.long_fraction: must be in (0, 1)"),
+    (["data.long_seq_len=256", "model.max_length=128"], "model.max_length: 128 positions cannot hold "
+                                                       "data.long_seq_len=256"),
+])
+def test_long_windows_are_checked(overrides, message):
+    assert message in error_of(None, overrides)
+
+
 def test_fine_tuning_keys_default_off_and_load():
     default = load_config(None)
     assert (default.train.layer_decay, default.train.keep_best, default.model.pooling) == (1.0, False, "cls")

@@ -63,6 +63,11 @@ class DataConfig:
     valid_fraction: float = 0.05
     test_fraction: float = 0.0  # a labelled set's share held out for the final test score (never trained on)
     mask_rate: float = 0.15
+    # mlm, electra: the last long_fraction of the steps read windows of long_seq_len tokens, fewer
+    # per batch so a step keeps its tokens (BERT: 90% of its steps at 128, then 512): short windows
+    # leave the unigram plateau sooner, long ones train the positions a fine-tune reads; 0: off
+    long_seq_len: int = 0
+    long_fraction: float = 0.1
 
 
 @dataclass
@@ -330,8 +335,39 @@ def validate(config: ExperimentConfig, origin: str) -> None:
         raise ConfigError(f"{origin}: train.attention_layer: must be within [-{m.num_layers}, {m.num_layers - 1}] "
                           f"(model.num_layers={m.num_layers}), got {t.attention_layer}")
     _validate_classify_only(config, origin)
+    _validate_long_windows(config, origin)
     if tok.vocab_size < 100:
         raise ConfigError(f"{origin}: tokenizer.vocab_size: must be >= 100, got {tok.vocab_size}")
+
+
+def _validate_long_windows(config: ExperimentConfig, origin: str) -> None:
+    d, t, long = config.data, config.train, config.data.long_seq_len
+    if long < 0:
+        raise ConfigError(f"{origin}: data.long_seq_len: must be >= 0 (0: off), got {long}")
+    if not long:
+        return
+    if config.task.type not in ("mlm", "electra"):
+        raise ConfigError(f"{origin}: data.long_seq_len: pretraining windows (task.type mlm or electra); "
+                          f"a {config.task.type} run reads data.seq_len only")
+    if long <= d.seq_len:
+        raise ConfigError(f"{origin}: data.long_seq_len: {long} must be more than data.seq_len={d.seq_len}")
+    if t.batch_size * d.seq_len % long:
+        raise ConfigError(f"{origin}: data.long_seq_len: {long} tokens do not divide a batch of train.batch_size x "
+                          f"data.seq_len = {t.batch_size * d.seq_len} tokens (long windows keep a step's tokens)")
+    if not 0 < d.long_fraction < 1:
+        raise ConfigError(f"{origin}: data.long_fraction: must be in (0, 1), got {d.long_fraction}")
+    if config.model.max_length and config.model.max_length < long:
+        raise ConfigError(f"{origin}: model.max_length: {config.model.max_length} positions cannot hold "
+                          f"data.long_seq_len={long}")
+
+
+def long_windows(config: ExperimentConfig) -> tuple[int, int] | None:
+    """data.long_seq_len's windows: (the number of their first batch, windows per batch); None: off."""
+    d, t = config.data, config.train
+    if not d.long_seq_len:
+        return None
+    first_step = round(t.steps * (1 - d.long_fraction))
+    return first_step * t.accumulate, t.batch_size * d.seq_len // d.long_seq_len
 
 
 def _validate_classify_only(config: ExperimentConfig, origin: str) -> None:

@@ -216,8 +216,8 @@ def inherit_encoder(config: ExperimentConfig, named: Collection[str]) -> Experim
 
 
 def positions(config: ExperimentConfig) -> int:
-    """The positions a config's encoder holds (model.max_length 0: data.seq_len)."""
-    return config.model.max_length or config.data.seq_len
+    """The positions a config's encoder holds (model.max_length 0: its longest windows)."""
+    return config.model.max_length or max(config.data.seq_len, config.data.long_seq_len)
 
 
 def check_decoder_init(config: ExperimentConfig, source: Path) -> None:

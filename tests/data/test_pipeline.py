@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from trainformer.config import load_config
 from trainformer.data.pipeline import (
     NUM_SPECIAL, cached_token_stream, eval_batches, mask_batch, max_predictions, pack, tokenize_documents,
     train_dataset,
 )
 from trainformer.data.tokenizer import Tokenizer
+from trainformer.tasks.mlm import MaskedLMTask
 from trainformer.tokens import CLS_ID, MASK_ID, PAD_ID, SEP_ID
 
 SEQ_LEN = 128
@@ -287,6 +289,27 @@ def test_start_batch_resumes_the_same_stream(small_windows, reference, start):
     resumed = take(small_windows, 3, start_batch=start)
     for offset, batch in enumerate(resumed):
         assert same_batch(batch, reference[start + offset]), f"batch {start + offset}"
+
+
+def test_long_windows_take_the_last_steps_at_the_same_tokens_per_batch(stream):
+    """data.long_seq_len: batches 0-5 of 32-token windows, then batches of 128-token ones (a
+    quarter of the rows); a resumed run's stream, from either phase, is the uninterrupted one's."""
+    config = load_config(None, ["data.seq_len=32", "data.long_seq_len=128", "data.long_fraction=0.25",
+                                "train.steps=8", f"train.batch_size={BATCH}"])
+    task = MaskedLMTask(config)
+    task.vocab_size = 8000
+    task._use_streams({"train": stream[:20_000], "valid": stream[:2_000]})
+
+    def batches(start: int) -> list:
+        return [({k: v.numpy() for k, v in inputs.items()}, {k: v.numpy() for k, v in targets.items()})
+                for inputs, targets in task.train_batches(start).take(8 - start)]
+
+    uninterrupted = batches(0)
+    assert [b[0]["token_ids"].shape for b in uninterrupted] == [(BATCH, 32)] * 6 + [(BATCH // 4, 128)] * 2
+    known = {window.tobytes() for window in pack(stream[:20_000], 128)}
+    assert all(window.tobytes() in known for b in uninterrupted[6:] for window in unmask(b))
+    for start in (5, 7):
+        assert all(same_batch(a, b) for a, b in zip(batches(start), uninterrupted[start:]))
 
 
 def test_too_few_windows_for_a_batch(small_windows):

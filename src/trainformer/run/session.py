@@ -18,7 +18,7 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 
-from trainformer.config import ExperimentConfig
+from trainformer.config import ExperimentConfig, long_windows
 from trainformer.data.pipeline import distribute
 from trainformer.errors import TrainingError, UserError
 from trainformer.run.attention import AttentionSnapshot, sentence_from_windows
@@ -106,7 +106,7 @@ def _train(config: ExperimentConfig, run: RunDir, source, writes: RunDir, strate
 
 def set_up_process(config: ExperimentConfig, strategy: tf.distribute.Strategy) -> None:
     """Seeds and kernels: what the process must fix before it builds anything."""
-    check_batch_split(config.train.batch_size, strategy.num_replicas_in_sync)
+    check_batch_split(config, strategy.num_replicas_in_sync)
     keras.utils.set_random_seed(config.train.seed)  # Python, NumPy and TF seeds: model init, dropout
     if config.train.deterministic:
         # Deterministic kernels; our own jit_compile functions keep XLA (DESIGN.md).
@@ -234,10 +234,14 @@ def pace_note(precision: str, precision_reason: str) -> str:
     return f"{precision} as {precision_reason} says"
 
 
-def check_batch_split(batch_size: int, replicas: int) -> None:
+def check_batch_split(config: ExperimentConfig, replicas: int) -> None:
+    batch_size, long = config.train.batch_size, long_windows(config)
     if batch_size % replicas:
         raise UserError(f"train.batch_size: {batch_size} examples cannot be split evenly across {replicas} replicas; "
                         f"use a multiple of {replicas}")
+    if long and long[1] % replicas:
+        raise UserError(f"data.long_seq_len: its batches of {long[1]} windows cannot be split evenly across "
+                        f"{replicas} replicas; choose a length that leaves a multiple of {replicas}")
 
 
 def start_manifest(run: RunDir, config: ExperimentConfig, task, num_params: int,

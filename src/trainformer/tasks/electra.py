@@ -12,10 +12,11 @@ import math
 import keras
 import tensorflow as tf
 
-from trainformer.data.pipeline import ELECTRA_KEYS, eval_batches, train_dataset
+from trainformer.data.pipeline import ELECTRA_KEYS, eval_batches
 from trainformer.errors import UserError
 from trainformer.model.electra import Electra
 from trainformer.model.heads import build_encoder
+from trainformer.run_dir import positions
 from trainformer.tasks import dtype_policy
 from trainformer.tasks.mlm import EVAL_SEED, MaskedLMTask, masked_lm_sums
 
@@ -56,6 +57,7 @@ class ElectraTask(MaskedLMTask):
     tokens; an eval also reports the discriminator's on every token."""
 
     accuracy_name = "masked_accuracy"
+    batch_keys = ELECTRA_KEYS
 
     def __init__(self, config):
         super().__init__(config)
@@ -64,14 +66,8 @@ class ElectraTask(MaskedLMTask):
 
     def build_model(self) -> keras.Model:
         c = self.config
-        encoder = build_encoder(c.model, self.vocab_size, c.model.max_length or c.data.seq_len,
-                                dtype_policy(c.train.precision))
+        encoder = build_encoder(c.model, self.vocab_size, positions(c), dtype_policy(c.train.precision))
         return Electra(encoder, generator_layers(c), name="electra")
-
-    def train_batches(self, start_batch: int) -> tf.data.Dataset:
-        t = self.config.train
-        return train_dataset(self.windows["train"], t.batch_size, t.seed, self.config.data.mask_rate, self.vocab_size,
-                             start_batch=start_batch, keys=ELECTRA_KEYS)
 
     def eval_batches(self, split: str) -> list[tuple[dict, dict]]:
         if split not in self.windows:

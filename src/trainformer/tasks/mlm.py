@@ -8,9 +8,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from trainformer.config import ExperimentConfig
+from trainformer.config import ExperimentConfig, long_windows
 from trainformer.data.corpus import Corpus
 from trainformer.data.pipeline import (
+    MLM_KEYS,
     cache_file,
     cached_token_stream,
     eval_batches,
@@ -21,7 +22,7 @@ from trainformer.data.pipeline import (
 from trainformer.data.tokenizer import Tokenizer, frame
 from trainformer.errors import UserError
 from trainformer.model.heads import build_masked_lm
-from trainformer.run_dir import RunDir
+from trainformer.run_dir import RunDir, positions
 from trainformer.tasks import dtype_policy
 from trainformer.tasks.serving import TEXT, TaskServing
 from trainformer.tasks.vocabulary import run_vocabulary
@@ -51,6 +52,7 @@ class MaskedLMTask:
     """Pretraining on a Corpus: documents -> one token stream -> windows of data.seq_len."""
 
     accuracy_name = "masked_accuracy"
+    batch_keys = MLM_KEYS  # the inputs and targets of a batch (data/pipeline.py)
     unit = "tok"
     shape_generic = False  # every batch has the same shape
 
@@ -72,11 +74,13 @@ class MaskedLMTask:
                                                          corpus.fingerprint, split)
             self.was_cached &= cached
         self._use_streams(streams)
-        if len(self.windows["train"]) < self.config.train.batch_size:
-            raise UserError(
-                f"train.batch_size: {self.config.train.batch_size} is more than the {len(self.windows['train'])} "
-                f"training windows of data.seq_len={self.config.data.seq_len} in {corpus.source}"
-            )
+        batches = [(self.windows["train"], self.config.train.batch_size)]
+        if long := long_windows(self.config):
+            batches.append((self.long_windows, long[1]))
+        for windows, batch_size in batches:  # windows: (n, tokens)
+            if len(windows) < batch_size:
+                raise UserError(f"train.batch_size: {batch_size} is more than the {len(windows)} training "
+                                f"windows of {windows.shape[1]} tokens in {corpus.source}")
 
     def prepare_from_cache(self, run: RunDir) -> bool:
         """For eval: the run's tokenized streams from its cache, without the corpus (False if
@@ -93,17 +97,31 @@ class MaskedLMTask:
     def _use_streams(self, streams: dict[str, np.ndarray]) -> None:
         seq_len = self.config.data.seq_len
         self.windows = {split: pack(stream, seq_len) for split, stream in streams.items()}  # (n, seq_len) each
+        long_seq_len = self.config.data.long_seq_len
+        self.long_windows = pack(streams["train"], long_seq_len) if long_seq_len else None  # (n', long_seq_len)
         self.baseline_id = most_frequent_token(streams["train"])
 
     def build_model(self) -> keras.Model:
         c = self.config
-        return build_masked_lm(c.model, self.vocab_size, c.model.max_length or c.data.seq_len,
-                               dtype=dtype_policy(c.train.precision))
+        return build_masked_lm(c.model, self.vocab_size, positions(c), dtype=dtype_policy(c.train.precision))
 
     def train_batches(self, start_batch: int) -> tf.data.Dataset:
-        t = self.config.train
-        return train_dataset(self.windows["train"], t.batch_size, t.seed, self.config.data.mask_rate, self.vocab_size,
-                             start_batch=start_batch)
+        """Batches of data.seq_len windows, then of data.long_seq_len windows from the first long
+        batch on (numbered after the short ones: batch n stays a pure function of (seed, n))."""
+        t, mask_rate = self.config.train, self.config.data.mask_rate
+
+        def stream(windows: np.ndarray, batch_size: int, start: int) -> tf.data.Dataset:
+            return train_dataset(windows, batch_size, t.seed, mask_rate, self.vocab_size, start, self.batch_keys)
+
+        short = stream(self.windows["train"], t.batch_size, start_batch)
+        long = long_windows(self.config)
+        if long is None:
+            return short
+        first_long, long_batch_size = long
+        long_batches = stream(self.long_windows, long_batch_size, max(start_batch, first_long))
+        if start_batch >= first_long:
+            return long_batches
+        return short.take(first_long - start_batch).concatenate(long_batches)  # shapes (b, s) then (b', s')
 
     def attention_windows(self) -> np.ndarray:
         return self.windows["valid"]
@@ -162,8 +180,13 @@ class MaskedLMTask:
         t, seq_len = self.config.train, self.config.data.seq_len
         accumulate = f" x {t.accumulate} accumulated" if t.accumulate > 1 else ""
         train, valid = len(self.windows["train"]), len(self.windows["valid"])
-        return [f"data: {train:,} train / {valid:,} valid windows of {seq_len} tokens; "
-                f"batch {t.batch_size}{accumulate} ({self.items_per_step:,} tokens/step)"]
+        lines = [f"data: {train:,} train / {valid:,} valid windows of {seq_len} tokens; "
+                 f"batch {t.batch_size}{accumulate} ({self.items_per_step:,} tokens/step)"]
+        long = long_windows(self.config)
+        if long:
+            lines.append(f"  from step {long[0] // t.accumulate:,}: {len(self.long_windows):,} train windows of "
+                         f"{self.config.data.long_seq_len} tokens, batch {long[1]}{accumulate} (data.long_seq_len)")
+        return lines
 
     @staticmethod
     def result_lines(final: dict) -> list[str]:
