@@ -318,7 +318,15 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_run_dir(path: Path) -> None:
+    """A path that holds no run fails here in a fraction of a second, before TensorFlow loads."""
+    from trainformer.run_dir import RunDir
+
+    RunDir(path).load_config()
+
+
 def run_predict(args: argparse.Namespace) -> int:
+    check_run_dir(args.run_dir)
     from trainformer.run.inference import predictor
 
     answer = predictor(args.run_dir, which=args.checkpoint, nbest=args.nbest, warn=say_on_stderr)
@@ -329,6 +337,7 @@ def run_predict(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    check_run_dir(args.run_dir)
     if "hf" in (args.format or "").split(","):
         return run_export_hf(args)
     from trainformer.export import export_run
@@ -363,6 +372,7 @@ def run_import(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    check_run_dir(args.run_dir)
     from trainformer.run.inference import evaluate, format_metrics
 
     result = evaluate(args.run_dir, split=args.split, which=args.checkpoint, overrides=args.overrides,
