@@ -12,13 +12,13 @@ import math
 import keras
 import tensorflow as tf
 
-from trainformer.data.pipeline import ELECTRA_KEYS, eval_batches
+from trainformer.data.pipeline import ELECTRA_KEYS
 from trainformer.errors import UserError
 from trainformer.model.electra import Electra
 from trainformer.model.heads import build_encoder
 from trainformer.run_dir import positions
 from trainformer.tasks import dtype_policy
-from trainformer.tasks.mlm import EVAL_SEED, MaskedLMTask, masked_lm_sums
+from trainformer.tasks.mlm import MaskedLMTask, masked_lm_sums
 
 
 def generator_layers(config) -> int:
@@ -68,12 +68,6 @@ class ElectraTask(MaskedLMTask):
         c = self.config
         encoder = build_encoder(c.model, self.vocab_size, positions(c), dtype_policy(c.train.precision))
         return Electra(encoder, generator_layers(c), name="electra")
-
-    def eval_batches(self, split: str) -> list[tuple[dict, dict]]:
-        if split not in self.windows:
-            raise UserError(f"eval --split {split}: an electra run has train and valid windows only")
-        return eval_batches(self.windows[split], self.config.train.batch_size, EVAL_SEED, self.config.data.mask_rate,
-                            self.vocab_size, keys=ELECTRA_KEYS)
 
     def _eval_sums(self, model: keras.Model, inputs: dict, targets: dict) -> dict:
         sums = self.loss_sums(model(inputs, training=False), targets)

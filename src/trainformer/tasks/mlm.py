@@ -159,9 +159,9 @@ class MaskedLMTask:
     def eval_batches(self, split: str) -> list[tuple[dict, dict]]:
         """The split's windows once, cloze-masked with EVAL_SEED: fixed (inputs, targets) batches."""
         if split not in self.windows:
-            raise UserError(f"eval --split {split}: a masked-LM run has train and valid windows only")
+            raise UserError(f"eval --split {split}: a pretraining run has train and valid windows only")
         return eval_batches(self.windows[split], self.config.train.batch_size, EVAL_SEED, self.config.data.mask_rate,
-                            self.vocab_size)
+                            self.vocab_size, self.batch_keys)
 
     def _eval_sums(self, model: keras.Model, inputs: dict, targets: dict) -> dict:
         sums = masked_lm_sums(model(inputs, training=False), targets)
