@@ -13,12 +13,13 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 
 import pytest
 import yaml
-from cli_helpers import CLEAN_ENV, NOISE, TINY, read_metrics, start, trainformer
+from cli_helpers import CLEAN_ENV, ENV, NOISE, TINY, read_metrics, start, trainformer
 
 from trainformer.train.precision import resolve_precision
 
@@ -279,9 +280,12 @@ def test_own_corpus_run_eval_without_the_corpus_and_a_changed_corpus_refused(tmp
     assert (run_dir / "metrics.jsonl").read_text() == before
 
 
-def test_eval_of_a_missing_run_dir(tmp_path):
-    result = trainformer("eval", str(tmp_path / "nothing"), check=False)
-    assert result.returncode == 2 and "not a run directory" in result.stderr
+@pytest.mark.parametrize("verb", ["eval", "predict", "export"])
+def test_a_path_without_a_run_is_refused_before_tensorflow_loads(tmp_path, verb):
+    check = (f"import sys; from trainformer.cli import main; code = main([{verb!r}, {str(tmp_path / 'nothing')!r}]); "
+             "print(code, 'tensorflow' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=ENV, check=True)
+    assert result.stdout == "2 False\n" and "not a run directory" in result.stderr
 
 
 def test_data_list_names_the_builtin_corpus():
