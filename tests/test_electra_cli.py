@@ -5,9 +5,9 @@ fine-tuned from its discriminator."""
 import json
 
 import pytest
-from cli_helpers import TINY, stop_after_first_step, trainformer
+from cli_helpers import SMALL_VALID, TINY, stop_after_first_step, trainformer
 
-ELECTRA = [*TINY, "--set", "task.type=electra", "--set", "train.steps=10", "--set", "train.eval_every=10",
+ELECTRA = [*TINY, *SMALL_VALID, "--set", "task.type=electra", "--set", "train.steps=10", "--set", "train.eval_every=10",
            "--set", "train.deterministic=true"]
 
 

@@ -1,5 +1,7 @@
 """Seq2seq end to end through the real command line, on the real People's Daily headlines:
-train, the eval outputs beside their references, eval --json, predict with the n-best, resume."""
+train, the eval outputs beside their references, eval --json, predict with the n-best. (A resume
+is the engine's, task-agnostic: tests/train/test_resume.py and a fine-tune's in test_classify.py;
+the token-budget stream's restart at any batch: tests/data/test_seq2seq_pipeline.py.)"""
 
 import json
 import shutil
@@ -11,7 +13,7 @@ import numpy as np
 import pytest
 import sacrebleu
 import tensorflow as tf
-from cli_helpers import HEADLINES, TINY, read_metrics, stop_after_first_step, trainformer
+from cli_helpers import read_metrics, trainformer
 
 from trainformer.config import load_config
 from trainformer.model.heads import build_masked_lm
@@ -118,16 +120,6 @@ def test_predict_prints_the_output_and_the_beams_n_best(headline_run):
     for answer in answers:
         assert len(answer["nbest"]) == 2 and answer["nbest"][0]["output"] == answer["output"]
         assert answer["nbest"][0]["score"] >= answer["nbest"][1]["score"] == pytest.approx(answer["nbest"][1]["score"])
-
-
-def test_a_stopped_seq2seq_run_resumes_to_the_same_weights(headline_run, tmp_path):
-    """SIGTERM mid-run, rerun: bitwise the weights of the uninterrupted deterministic run."""
-    run_dir, _ = headline_run
-    stop_after_first_step("--run-dir", str(tmp_path / "stopped"), *HEADLINES)
-    trainformer("train", "--run-dir", str(tmp_path / "stopped"))
-    digests = [json.loads((path / "manifest.json").read_text())["weights_sha256"]
-               for path in (run_dir, tmp_path / "stopped")]
-    assert digests[0] == digests[1]
 
 
 def test_the_encoder_starts_from_a_pretraining_run(tmp_path):

@@ -15,11 +15,11 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import CLEAN_ENV, ENV, NOISE, TINY, read_metrics, trainformer
+from cli_helpers import CLEAN_ENV, ENV, NOISE, SMALL_VALID, TINY, read_metrics, trainformer
 
 # fp32: strategies are compared at rtol 1e-5, and bf16 rounds differently when the batch is split.
 # One eval, at the end: the tests compare training steps, and each eval costs seconds per run.
-RUN = [*TINY, "--set", "train.steps=20", "--set", "train.log_every=1", "--set", "train.accumulate=2",
+RUN = [*TINY, *SMALL_VALID, "--set", "train.steps=20", "--set", "train.log_every=1", "--set", "train.accumulate=2",
        "--set", "train.precision=fp32", "--set", "train.eval_every=20"]
 
 
@@ -76,26 +76,13 @@ def digests(output: str) -> list[str]:
     return [line.split()[-1] for line in output.splitlines() if "weights sha256" in line]
 
 
-def test_two_workers_end_bitwise_equal_and_match_one_process(tmp_path, one_device, vocab_args):
-    run_dir = tmp_path / "run"
-    # as a user runs it (no TF_CPP_MIN_LOG_LEVEL): the launcher and workers filter TensorFlow's logging
-    process = launch("--workers", "2", "--", "train", "--run-dir", str(run_dir), *RUN, *vocab_args, env=CLEAN_ENV)
-    output = process.communicate(timeout=600)[0]
-    assert process.returncode == 0, output
-    assert not NOISE.search(output), output
-    assert "2 replica(s) on 2 workers" in output
-    assert "[worker 1] weights sha256" in output  # the non-chief's own lines still come through
-    chief, worker = digests(output)
-    assert chief == worker  # the non-chief's weights, bitwise
-    assert json.loads((run_dir / "manifest.json").read_text())["weights_sha256"] == chief
-    assert len(train_losses(run_dir)) == 20  # one writer: every step logged once
-    np.testing.assert_allclose(train_losses(run_dir), train_losses(one_device), rtol=1e-5)
-
-
-def wait_for_step(process: subprocess.Popen, step: int) -> None:
-    for line in process.stdout:  # "step   5/400  loss ..."
+def wait_for_step(process: subprocess.Popen, step: int) -> str:
+    """Read process's output up to its progress line for `step`; what it read."""
+    seen = []
+    for line in process.stdout:  # "step   5/20  loss ..."
+        seen.append(line)
         if re.match(rf"step +{step}/", line):
-            return
+            return "".join(seen)
     raise AssertionError(f"the run ended before step {step}")
 
 
@@ -103,27 +90,37 @@ def folders(path) -> list:
     return [p for p in path.iterdir() if p.is_dir()]  # (autograph also writes files there)
 
 
-def test_sigterm_stops_every_worker_at_one_step_and_all_resume(tmp_path, vocab_args):
-    args = ["--workers", "2", "--", "train", "--run-dir", str(tmp_path / "run"), *RUN, *vocab_args,
-            "--set", "train.steps=400"]
+def test_two_workers_stopped_by_sigterm_resume_and_end_bitwise_equal_matching_one_process(
+        tmp_path, one_device, vocab_args):
+    """SIGTERM stops both workers at one step; rerun, they end with bitwise equal weights and the
+    one-process run's losses. As a user runs it (no TF_CPP_MIN_LOG_LEVEL): the launcher and the
+    workers filter TensorFlow's logging."""
+    run_dir = tmp_path / "run"
+    args = ["--workers", "2", "--", "train", "--run-dir", str(run_dir), *RUN, *vocab_args]
     scratch = tmp_path / "tmp"  # TMPDIR of the workers: where the non-chief writes its own files
     scratch.mkdir()
-    process = launch(*args, env={**ENV, "TMPDIR": str(scratch)})
-    wait_for_step(process, 5)
+    process = launch(*args, env={**CLEAN_ENV, "TMPDIR": str(scratch)})
+    output = wait_for_step(process, 2)  # steps take ~0.1 s: the stop lands well before step 20
     (folder,) = folders(scratch)  # the non-chief's scratch run directory, in use
     assert (folder / "metrics.jsonl").is_file()
     process.send_signal(signal.SIGTERM)
-    output = process.communicate(timeout=120)[0]
+    output += process.communicate(timeout=120)[0]
     assert process.returncode == 0, output
-    stopped_at = int(re.search(r"SIGTERM: stopped at step (\d+)/400", output).group(1))
+    stopped_at = int(re.search(r"SIGTERM: stopped at step (\d+)/20", output).group(1))
     assert folders(scratch) == []  # deleted when the worker exited
 
-    resumed = launch(*args[:-1], "train.steps=" + str(stopped_at + 5))
-    output = resumed.communicate(timeout=600)[0]
+    resumed = launch(*args, env=CLEAN_ENV)
+    output += resumed.communicate(timeout=600)[0]
     assert resumed.returncode == 0, output
-    assert "resuming from checkpoint" in output and f"(step {stopped_at}/{stopped_at + 5})" in output
+    assert not NOISE.search(output), output
+    assert "2 replica(s) on 2 workers" in output
+    assert "resuming from checkpoint" in output and f"(step {stopped_at}/20)" in output
+    assert "[worker 1] weights sha256" in output  # the non-chief's own lines still come through
     chief, worker = digests(output)
-    assert chief == worker
+    assert chief == worker  # the non-chief's weights, bitwise
+    assert json.loads((run_dir / "manifest.json").read_text())["weights_sha256"] == chief
+    assert len(train_losses(run_dir)) == 20  # one writer: every step logged once, across the stop
+    np.testing.assert_allclose(train_losses(run_dir), train_losses(one_device), rtol=1e-5)
 
 
 def test_a_dead_worker_stops_the_others_and_leaves_no_process(tmp_path, vocab_args):
