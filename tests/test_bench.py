@@ -31,7 +31,7 @@ def bench_json(*args):
 
 
 def test_synthetic_bench_reports_consistent_numbers():
-    r = bench_json("--synthetic")
+    r = bench_json("--synthetic", "--set", "train.precision=auto")
     assert KEYS <= r.keys()
     assert r["precision"] == resolve_precision("auto")[0]  # what train would choose on this machine
     assert r["num_params"] > 0 and r["mode"] == "synthetic"

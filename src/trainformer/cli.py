@@ -319,10 +319,13 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def check_run_dir(path: Path) -> None:
-    """A path that holds no run fails here in a fraction of a second, before TensorFlow loads."""
+    """A path that holds no run, or a run with no checkpoint yet, fails here in a fraction of a
+    second, before TensorFlow loads."""
     from trainformer.run_dir import RunDir
 
-    RunDir(path).load_config()
+    run = RunDir(path)
+    run.load_config()
+    run.require_checkpoint()
 
 
 def run_predict(args: argparse.Namespace) -> int:

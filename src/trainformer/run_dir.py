@@ -56,6 +56,11 @@ class RunDir:
         """A run exists once it has a checkpoint; before that a new config may replace it."""
         return (self.checkpoints_dir / "checkpoint").is_file()
 
+    def require_checkpoint(self) -> None:
+        """Refuse a run that has not saved a checkpoint yet: nothing to evaluate or export."""
+        if not self.has_checkpoint():
+            raise UserError(f"{self.root}: no checkpoint yet (the first is saved after train.checkpoint_every steps)")
+
     def resume_command(self) -> str:
         return f"trainformer train --run-dir {self.root}"
 
