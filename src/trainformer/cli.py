@@ -318,14 +318,15 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_run_dir(path: Path) -> None:
-    """A path that holds no run, or a run with no checkpoint yet, fails here in a fraction of a
-    second, before TensorFlow loads."""
+def check_run_dir(path: Path, checkpoint: bool = True) -> None:
+    """A path that holds no run, or (checkpoint) a run with no checkpoint yet, fails here in a
+    fraction of a second, before TensorFlow loads."""
     from trainformer.run_dir import RunDir
 
     run = RunDir(path)
     run.load_config()
-    run.require_checkpoint()
+    if checkpoint:
+        run.require_checkpoint()
 
 
 def run_predict(args: argparse.Namespace) -> int:
@@ -340,9 +341,9 @@ def run_predict(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    check_run_dir(args.run_dir)
     if "hf" in (args.format or "").split(","):
         return run_export_hf(args)
+    check_run_dir(args.run_dir)
     from trainformer.export import export_run
     from trainformer.export.parity import failures
 
@@ -361,6 +362,7 @@ def run_export_hf(args: argparse.Namespace) -> int:
     if args.format != "hf" or args.quantize or args.version or args.keep or args.overrides:
         raise UserError("--format hf: give it alone, without --quantize, --version, --keep or --set (a Hugging Face "
                         "folder is an export of its own: write the other formats with another command and --out)")
+    check_run_dir(args.run_dir, checkpoint=False)  # a setting BERT cannot express comes first: training would not fix it
     from trainformer.interop.hf_export import export_hf
 
     export_hf(args.run_dir, args.out or args.run_dir / "hf", which=args.checkpoint)
