@@ -318,13 +318,15 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_run_dir(path: Path, checkpoint: bool = True) -> None:
-    """A path that holds no run, or (checkpoint) a run with no checkpoint yet, fails here in a
-    fraction of a second, before TensorFlow loads."""
+def check_run_dir(path: Path, checkpoint: bool = True, overrides=()) -> None:
+    """A path that holds no run, (checkpoint) a run with no checkpoint yet, or a --set the run
+    cannot take (eval and export take decode.* on a seq2seq run) fails here in a fraction of a
+    second, before TensorFlow loads."""
+    from trainformer.config import with_decode_overrides
     from trainformer.run_dir import RunDir
 
     run = RunDir(path)
-    run.load_config()
+    with_decode_overrides(run.load_config(), overrides)
     if checkpoint:
         run.require_checkpoint()
 
@@ -343,7 +345,7 @@ def run_predict(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     if "hf" in (args.format or "").split(","):
         return run_export_hf(args)
-    check_run_dir(args.run_dir)
+    check_run_dir(args.run_dir, overrides=args.overrides)
     from trainformer.export import export_run
     from trainformer.export.parity import failures
 
@@ -377,7 +379,7 @@ def run_import(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    check_run_dir(args.run_dir)
+    check_run_dir(args.run_dir, overrides=args.overrides)
     from trainformer.run.inference import evaluate, format_metrics
 
     result = evaluate(args.run_dir, split=args.split, which=args.checkpoint, overrides=args.overrides,

@@ -7,6 +7,7 @@ bad config fails in the first second with one line, not an hour into training.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import importlib.resources
@@ -446,3 +447,23 @@ def _parse(text: str, kind: type, where: str) -> Any:
         return kind(text)
     except ValueError:
         raise ConfigError(f"{where}: expected {kind.__name__}, got {text!r}") from None
+
+
+DECODE_KEYS = "decode.strategy, decode.beam_size, decode.length_penalty, decode.max_length"
+
+
+def with_decode_overrides(config: ExperimentConfig, overrides) -> ExperimentConfig:
+    """config with `decode.KEY=VALUE` items applied and checked; any other key is refused,
+    since the weights were trained for the rest of the config."""
+    if not overrides:
+        return config
+    for item in overrides:
+        if not item.partition("=")[0].strip().startswith("decode."):
+            raise UserError(f"--set {item}: eval changes only how a seq2seq run decodes ({DECODE_KEYS})")
+    if config.task.type != "seq2seq":
+        raise UserError(f"--set {overrides[0]}: this is a {config.task.type} run; only seq2seq runs decode")
+    config = copy.deepcopy(config)
+    for item in overrides:
+        apply_override(config, item)
+    validate(config, "--set")
+    return config

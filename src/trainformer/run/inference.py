@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import unicodedata
 from pathlib import Path
 
-from trainformer.config import ExperimentConfig, apply_override, validate
+from trainformer.config import with_decode_overrides
 from trainformer.errors import UserError
 from trainformer.run_dir import RunDir
 from trainformer.tasks import load_source, task_for
 from trainformer.train.checkpoint import choose_checkpoint, restore_model
 from trainformer.train.precision import resolved
 from trainformer.train.strategy import make_strategy
-
-DECODE_KEYS = "decode.strategy, decode.beam_size, decode.length_penalty, decode.max_length"
-
 
 def load_run(run_dir: Path, which: str | None = None, precision: str | None = None, overrides=(), say=None):
     """(task, model, checkpoint path, step) of a run's latest or best checkpoint (which=None:
@@ -40,23 +36,6 @@ def load_run(run_dir: Path, which: str | None = None, precision: str | None = No
     with make_strategy("one_device").scope():
         model = task.build_model()
     return task, model, path, restore_model(model, path)
-
-
-def with_decode_overrides(config: ExperimentConfig, overrides) -> ExperimentConfig:
-    """config with `decode.KEY=VALUE` items applied and checked; any other key is refused,
-    since the weights were trained for the rest of the config."""
-    if not overrides:
-        return config
-    for item in overrides:
-        if not item.partition("=")[0].strip().startswith("decode."):
-            raise UserError(f"--set {item}: eval changes only how a seq2seq run decodes ({DECODE_KEYS})")
-    if config.task.type != "seq2seq":
-        raise UserError(f"--set {overrides[0]}: this is a {config.task.type} run; only seq2seq runs decode")
-    config = copy.deepcopy(config)
-    for item in overrides:
-        apply_override(config, item)
-    validate(config, "--set")
-    return config
 
 
 def evaluate(run_dir: Path, split: str = "valid", which: str | None = None, overrides=(), say=None) -> dict:
