@@ -16,7 +16,7 @@ from trainformer.images import find_cjk_font
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "quickstart.ipynb"
 STEPS = 40
 SMALL = ("model.d_model=32 model.num_layers=1 model.num_heads=2 model.dff=64 data.seq_len=32 "
-         "train.batch_size=16")
+         "train.batch_size=16 data.valid_fraction=0.01 train.precision=fp32")  # cli_helpers.TINY's reasons
 # Appended to the notebook for the test only: what the kernel computed, as one JSON line.
 PROBE = """print(json.dumps({"executable": sys.executable, "losses": [r["loss"] for r in train],
                   "steps": [r["step"] for r in train], "answers": answers, "encoding_shape": encoding.shape}))"""
@@ -38,11 +38,11 @@ def test_committed_notebook_has_no_outputs():
     assert all(not cell.outputs and cell.execution_count is None for cell in code_cells(notebook))
 
 
-def test_quickstart_runs_and_shows_real_results(tmp_path, monkeypatch):
+def test_quickstart_runs_and_shows_real_results(tmp_path, monkeypatch, vocab_dir):
     run_dir = tmp_path / "quickstart"
     monkeypatch.setenv("QUICKSTART_STEPS", str(STEPS))
     monkeypatch.setenv("QUICKSTART_RUN_DIR", str(run_dir))
-    monkeypatch.setenv("QUICKSTART_SET", SMALL)
+    monkeypatch.setenv("QUICKSTART_SET", f"{SMALL} tokenizer.vocab_file={vocab_dir / 'vocab.txt'}")  # the session's
     monkeypatch.setenv("QUICKSTART_DEFAULT_RUN", str(tmp_path / "no-default-run"))  # so it trains its own
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     probe = nbformat.v4.new_code_cell(PROBE)
