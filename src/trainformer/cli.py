@@ -364,7 +364,7 @@ def run_export_hf(args: argparse.Namespace) -> int:
     if args.format != "hf" or args.quantize or args.version or args.keep or args.overrides:
         raise UserError("--format hf: give it alone, without --quantize, --version, --keep or --set (a Hugging Face "
                         "folder is an export of its own: write the other formats with another command and --out)")
-    check_run_dir(args.run_dir, checkpoint=False)  # a setting BERT cannot express comes first: training would not fix it
+    check_run_dir(args.run_dir, checkpoint=False)  # a setting BERT cannot express comes first: training cannot fix it
     from trainformer.interop.hf_export import export_hf
 
     export_hf(args.run_dir, args.out or args.run_dir / "hf", which=args.checkpoint)

@@ -14,6 +14,7 @@ from trainformer.train.checkpoint import choose_checkpoint, restore_model
 from trainformer.train.precision import resolved
 from trainformer.train.strategy import make_strategy
 
+
 def load_run(run_dir: Path, which: str | None = None, precision: str | None = None, overrides=(), say=None):
     """(task, model, checkpoint path, step) of a run's latest or best checkpoint (which=None:
     the best if the run kept one by valid accuracy, train.keep_best, else the latest; `say`
