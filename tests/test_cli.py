@@ -19,7 +19,7 @@ import urllib.request
 
 import pytest
 import yaml
-from cli_helpers import CLEAN_ENV, ENV, NOISE, SMALL_VALID, TINY, read_metrics, start, trainformer
+from cli_helpers import CLEAN_ENV, ENV, NOISE, TINY, TINY_NEWS, read_metrics, start, trainformer
 
 from trainformer.train.precision import resolve_precision
 
@@ -29,7 +29,7 @@ def run(tmp_path_factory):
     """A finished 30-step run, its vocabulary trained too, its last 10 steps on windows of 64
     tokens (data.long_seq_len); returns (run_dir, stdout, stderr)."""
     run_dir = tmp_path_factory.mktemp("runs") / "tiny"
-    result = trainformer("train", "--run-dir", str(run_dir), *TINY, *SMALL_VALID, "--set", "train.steps=30",
+    result = trainformer("train", "--run-dir", str(run_dir), *TINY_NEWS, "--set", "train.steps=30",
                          "--set", "data.long_seq_len=64", "--set", "data.long_fraction=0.34", env=CLEAN_ENV)
     return run_dir, result.stdout, result.stderr
 
@@ -123,7 +123,7 @@ def assert_stopped_and_saved(process, stdout: str, run_dir, name: str) -> None:
 def twenty_steps(tmp_path_factory, vocab_args):
     """A finished 20-step run (checkpoints at 10 and 20), to copy: each test damages its own copy."""
     run_dir = tmp_path_factory.mktemp("twenty") / "run"
-    trainformer("train", "--run-dir", str(run_dir), *TINY, *SMALL_VALID, *vocab_args, "--set", "train.steps=20")
+    trainformer("train", "--run-dir", str(run_dir), *TINY_NEWS, *vocab_args, "--set", "train.steps=20")
     return run_dir
 
 
@@ -132,7 +132,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, twen
     shutil.copytree(twenty_steps, run_dir)
     data_file = next((run_dir / "checkpoints").glob("ckpt-20.data-*"))
     data_file.write_bytes(data_file.read_bytes()[: data_file.stat().st_size // 2])  # truncated
-    result = trainformer("train", "--run-dir", str(run_dir), *TINY, *SMALL_VALID, *vocab_args, "--set", "train.steps=30")
+    result = trainformer("train", "--run-dir", str(run_dir), *TINY_NEWS, *vocab_args, "--set", "train.steps=30")
     assert "checkpoints/ckpt-20 cannot be loaded" in result.stdout
     assert "resuming from checkpoint" in result.stdout and "ckpt-10 (step 10/30)" in result.stdout
     assert json.loads((run_dir / "manifest.json").read_text())["final_eval"]["step"] == 30
@@ -144,7 +144,7 @@ def test_run_whose_checkpoints_all_fail_to_load_is_not_restarted(tmp_path, twent
     damaged = sorted((run_dir / "checkpoints").glob("ckpt-*.data-*"))
     for data_file in damaged:
         data_file.write_bytes(b"")
-    result = trainformer("train", "--run-dir", str(run_dir), *TINY, *SMALL_VALID, *vocab_args, "--set", "train.steps=30",
+    result = trainformer("train", "--run-dir", str(run_dir), *TINY_NEWS, *vocab_args, "--set", "train.steps=30",
                          check=False)
     assert result.returncode == 2 and "none of 2 checkpoints can be loaded" in result.stderr
     assert sorted((run_dir / "checkpoints").glob("ckpt-*.data-*")) == damaged  # nothing rotated away
@@ -153,7 +153,7 @@ def test_run_whose_checkpoints_all_fail_to_load_is_not_restarted(tmp_path, twent
 def test_changed_model_on_existing_run_is_refused(run):
     run_dir, _, _ = run
     before = (run_dir / "config.yaml").read_text()
-    result = trainformer("train", "--run-dir", str(run_dir), *TINY, *SMALL_VALID, "--set", "model.d_model=64", check=False)
+    result = trainformer("train", "--run-dir", str(run_dir), *TINY_NEWS, "--set", "model.d_model=64", check=False)
     assert result.returncode == 2
     assert "model.d_model was 32" in result.stderr and "Traceback" not in result.stderr
     assert (run_dir / "config.yaml").read_text() == before
@@ -211,7 +211,7 @@ def test_failed_first_attempts_leave_nothing_and_block_nothing(tmp_path, vocab_a
     assert "training windows" in result.stderr
     result = trainformer("eval", str(run_dir), check=False)
     assert result.returncode == 2 and "no checkpoint yet" in result.stderr
-    result = trainformer("train", "--run-dir", str(run_dir), *TINY, *SMALL_VALID, *vocab_args, "--set", "train.steps=10")
+    result = trainformer("train", "--run-dir", str(run_dir), *TINY_NEWS, *vocab_args, "--set", "train.steps=10")
     assert "done in" in result.stdout
 
 
@@ -219,7 +219,7 @@ def test_a_run_is_trained_by_one_process_at_a_time(tmp_path, vocab_args):
     """A second train on a running run is refused (naming the holder); eval is allowed. Then
     Ctrl-C (SIGINT): the run saves and exits 0. SIGTERM's stop is every stop_after_line's."""
     run_dir = tmp_path / "run"
-    process = start("train", "--run-dir", str(run_dir), *TINY, *SMALL_VALID, *vocab_args, "--set", "train.steps=100000",
+    process = start("train", "--run-dir", str(run_dir), *TINY_NEWS, *vocab_args, "--set", "train.steps=100000",
                     stdout=subprocess.PIPE)
     try:
         for line in process.stdout:  # checkpoints come every 10 steps

@@ -6,9 +6,9 @@ pure function of the batch number: tests/data/test_pipeline.py.)"""
 import json
 
 import pytest
-from cli_helpers import SMALL_VALID, TINY, trainformer
+from cli_helpers import TINY_NEWS, trainformer
 
-ELECTRA = [*TINY, *SMALL_VALID, "--set", "task.type=electra", "--set", "train.steps=10", "--set", "train.eval_every=10"]
+ELECTRA = [*TINY_NEWS, "--set", "task.type=electra", "--set", "train.steps=10", "--set", "train.eval_every=10"]
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_helpers import ENV, SMALL_VALID, TINY, trainformer
+from cli_helpers import ENV, TINY_NEWS, trainformer
 
 from trainformer import quiet
 from trainformer.cli import main
@@ -120,7 +120,7 @@ def test_tflite_and_onnx_answer_from_the_exported_tokenizer(intent_export):
 
 def test_a_masked_lm_exports_fill_mask(tmp_path, vocab_args):
     run_dir = tmp_path / "mlm"
-    trainformer("train", "--run-dir", str(run_dir), *TINY, *SMALL_VALID, *vocab_args, "--set", "train.steps=5",
+    trainformer("train", "--run-dir", str(run_dir), *TINY_NEWS, *vocab_args, "--set", "train.steps=5",
                 "--set", "train.eval_every=5")
     base = tmp_path / "fill-mask"
     metadata = export_run(run_dir, base, formats=("saved_model", "tflite"), say=lambda text: None)

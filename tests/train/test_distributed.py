@@ -15,11 +15,11 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import CLEAN_ENV, ENV, NOISE, SMALL_VALID, TINY, read_metrics, trainformer
+from cli_helpers import CLEAN_ENV, ENV, NOISE, TINY, TINY_NEWS, read_metrics, trainformer
 
 # fp32: strategies are compared at rtol 1e-5, and bf16 rounds differently when the batch is split.
 # One eval, at the end: the tests compare training steps, and each eval costs seconds per run.
-RUN = [*TINY, *SMALL_VALID, "--set", "train.steps=20", "--set", "train.log_every=1", "--set", "train.accumulate=2",
+RUN = [*TINY_NEWS, "--set", "train.steps=20", "--set", "train.log_every=1", "--set", "train.accumulate=2",
        "--set", "train.precision=fp32", "--set", "train.eval_every=20"]
 
 

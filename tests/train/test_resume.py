@@ -12,10 +12,10 @@ import subprocess
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import SMALL_VALID, TINY, read_metrics, start, trainformer
+from cli_helpers import TINY_NEWS, read_metrics, start, trainformer
 
 DETERMINISTIC = [
-    *TINY, *SMALL_VALID, "--set", "train.deterministic=true", "--set", "model.dropout=0.1",
+    *TINY_NEWS, "--set", "train.deterministic=true", "--set", "model.dropout=0.1",
     "--set", "train.accumulate=3", "--set", "train.steps=20",
 ]
 
