@@ -64,6 +64,7 @@ class DataConfig:
     valid_fraction: float = 0.05
     test_fraction: float = 0.0  # a labelled set's share held out for the final test score (never trained on)
     mask_rate: float = 0.15
+    mask_span: int = 1  # mlm, electra: training masks runs of this many tokens (held-out cloze: single ones)
     # mlm, electra: the last long_fraction of the steps read windows of long_seq_len tokens, fewer
     # per batch so a step keeps its tokens (BERT: 90% of its steps at 128, then 512): short windows
     # leave the unigram plateau sooner, long ones train the positions a fine-tune reads; 0: off
@@ -290,6 +291,7 @@ def validate(config: ExperimentConfig, origin: str) -> None:
         "train.checkpoint_every": t.checkpoint_every, "train.keep_checkpoints": t.keep_checkpoints,
         "tokenizer.min_frequency": tok.min_frequency, "runtime.cpu_devices": config.runtime.cpu_devices,
         "train.batch_tokens": t.batch_tokens, "decode.beam_size": config.decode.beam_size,
+        "data.mask_span": d.mask_span,
     }
     for key, value in positive.items():
         if value <= 0:

@@ -187,6 +187,25 @@ def test_same_seed_same_masks_other_seed_other_masks(windows, tokenizer):
     assert not np.array_equal(first["token_ids"], other["token_ids"])
 
 
+def test_span_masking_chooses_runs_of_neighbours_at_the_same_rate(windows, tokenizer):
+    """mask_span=3: the same number of targets per window, in runs (a run is cut only where it
+    meets a special token or the count runs out), where single-token masking leaves most alone."""
+
+    def mean_run(span):
+        out = mask_batch(tf.constant(windows[:200]), tf.constant([5, 6], tf.int64), RATE, tokenizer.vocab_size,
+                         span=span)
+        out = {k: v.numpy() for k, v in out.items()}
+        np.testing.assert_array_equal(out["masked_weights"].sum(axis=1), [expected_count(w) for w in windows[:200]])
+        rows, positions, targets, _ = chosen(out)
+        np.testing.assert_array_equal(targets, windows[rows, positions])
+        hit = np.zeros(windows[:200].shape, bool)
+        hit[rows, positions] = True
+        edges = np.diff(np.pad(hit, ((0, 0), (1, 1))).astype(np.int8), axis=1)  # +1 opens a run, -1 closes it
+        return hit.sum() / np.sum(edges == 1)
+
+    assert mean_run(1) < 1.5 and mean_run(3) > 2.5
+
+
 @pytest.mark.parametrize("seq_len, rate", [(8, 0.15), (16, 0.15), (20, 0.15), (128, 0.15), (128, 0.4), (50, 0.3)])
 def test_max_predictions_never_cuts_targets(seq_len, rate):
     """Windows with no special token after [CLS] have the most candidates."""

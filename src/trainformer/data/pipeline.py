@@ -83,7 +83,7 @@ def max_predictions(seq_len: int, mask_rate: float) -> int:
 
 
 def mask_batch(
-    token_ids: tf.Tensor, seed: tf.Tensor, mask_rate: float, vocab_size: int, cloze: bool = False
+    token_ids: tf.Tensor, seed: tf.Tensor, mask_rate: float, vocab_size: int, cloze: bool = False, span: int = 1
 ) -> dict[str, tf.Tensor]:
     """Choose round(mask_rate * n) of the n non-special tokens of each window and corrupt them.
 
@@ -92,6 +92,9 @@ def mask_batch(
         seed: (2,) int stateless seed.
         cloze: replace every chosen token by [MASK] (evaluation). Otherwise BERT's 80% [MASK],
             10% random token, 10% unchanged (training).
+        span: choose runs of `span` neighbouring tokens (overlapping runs merge into longer ones),
+            as whole-word and n-gram masking do for Chinese (Cui et al. 2019): a masked character
+            of a word is then rarely given away by the rest of the word. 1: single tokens.
 
     Returns model inputs and targets: token_ids (batch, seq), padding_mask (batch, seq) bool,
     masked_positions / masked_ids (batch, P) int32, masked_weights (batch, P) float32 and
@@ -106,6 +109,8 @@ def mask_batch(
 
     # The candidates with the smallest random scores are chosen; non-candidates score 2.
     scores = tf.random.stateless_uniform([batch, seq_len], seeds[0])
+    if span > 1:  # a token scores the least draw within its run: the smallest scores come in runs
+        scores = -tf.nn.max_pool1d(-scores[..., None], span, 1, "SAME")[..., 0]
     scores = tf.where(candidate, scores, 2.0)
     _, positions = tf.math.top_k(-scores, k=num_predictions)  # (batch, P)
     weights = tf.sequence_mask(num_masked, num_predictions)  # (batch, P) bool
@@ -137,7 +142,7 @@ def mask_batch(
 
 def train_dataset(
     windows: np.ndarray, batch_size: int, seed: int, mask_rate: float, vocab_size: int, start_batch: int = 0,
-    keys: tuple = MLM_KEYS,
+    keys: tuple = MLM_KEYS, mask_span: int = 1,
 ) -> tf.data.Dataset:
     """An endless stream of masked batches; a new window order and new masks every epoch.
 
@@ -163,7 +168,7 @@ def train_dataset(
 
     def masked(ids: tf.Tensor, number: tf.Tensor, index: tf.Tensor):
         mask_seed = tf.stack([tf.constant(seed + 1, tf.int64), index * batches_per_epoch + number])
-        return split_targets(mask_batch(tf.gather(all_windows, ids), mask_seed, mask_rate, vocab_size), keys)
+        return split_targets(mask_batch(tf.gather(all_windows, ids), mask_seed, mask_rate, vocab_size, span=mask_span), keys)
 
     return (
         tf.data.Dataset.counter(start=first_epoch)

@@ -111,7 +111,8 @@ class MaskedLMTask:
         t, mask_rate = self.config.train, self.config.data.mask_rate
 
         def stream(windows: np.ndarray, batch_size: int, start: int) -> tf.data.Dataset:
-            return train_dataset(windows, batch_size, t.seed, mask_rate, self.vocab_size, start, self.batch_keys)
+            return train_dataset(windows, batch_size, t.seed, mask_rate, self.vocab_size, start, self.batch_keys,
+                                 self.config.data.mask_span)
 
         short = stream(self.windows["train"], t.batch_size, start_batch)
         long = long_windows(self.config)
