@@ -168,7 +168,8 @@ def train_dataset(
 
     def masked(ids: tf.Tensor, number: tf.Tensor, index: tf.Tensor):
         mask_seed = tf.stack([tf.constant(seed + 1, tf.int64), index * batches_per_epoch + number])
-        return split_targets(mask_batch(tf.gather(all_windows, ids), mask_seed, mask_rate, vocab_size, span=mask_span), keys)
+        masked = mask_batch(tf.gather(all_windows, ids), mask_seed, mask_rate, vocab_size, span=mask_span)
+        return split_targets(masked, keys)
 
     return (
         tf.data.Dataset.counter(start=first_epoch)
