@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from trainformer.errors import UserError
-from trainformer.train.checkpoint import Checkpoints, choose_checkpoint, read_best_record
+from trainformer.train.checkpoint import Checkpoints, choose_checkpoint, read_best_record, restore_chosen
 
 
 def by_accuracy(folder, step):
@@ -86,3 +86,12 @@ def test_a_record_that_does_not_describe_the_best_checkpoint_is_not_quoted(saved
     record = json.loads((saved / "best.json").read_text())
     (saved / "best.json").write_text(json.dumps({**record, "step": 3}))
     assert choose_checkpoint(saved, None, keep_best=True)[1] == "best (step 10)"
+
+
+def test_a_checkpoint_deleted_after_it_was_chosen_gives_way_to_the_newer_one(saved):
+    """eval on a run still training: the run rotated the chosen checkpoint away (it keeps
+    train.keep_checkpoints) before eval read it."""
+    chosen = str(saved / "ckpt-10")
+    for part in saved.glob("ckpt-10.*"):
+        part.unlink()
+    assert restore_chosen(tf.Module(), chosen, saved, "latest", keep_best=False) == (str(saved / "ckpt-20"), 20)

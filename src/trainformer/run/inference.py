@@ -10,7 +10,7 @@ from trainformer.config import with_decode_overrides
 from trainformer.errors import UserError
 from trainformer.run_dir import RunDir
 from trainformer.tasks import load_source, task_for
-from trainformer.train.checkpoint import choose_checkpoint, restore_model
+from trainformer.train.checkpoint import choose_checkpoint, restore_chosen
 from trainformer.train.precision import resolved
 from trainformer.train.strategy import make_strategy
 
@@ -36,7 +36,8 @@ def load_run(run_dir: Path, which: str | None = None, precision: str | None = No
         task.prepare(run, load_source(config), say=lambda text: None, may_create_vocabulary=False)
     with make_strategy("one_device").scope():
         model = task.build_model()
-    return task, model, path, restore_model(model, path)
+    path, step = restore_chosen(model, path, run.checkpoints_dir, which, config.train.keep_best)
+    return task, model, path, step
 
 
 def evaluate(run_dir: Path, split: str = "valid", which: str | None = None, overrides=(), say=None) -> dict:

@@ -161,6 +161,17 @@ def restore_model(model: keras.Model, path: str) -> int:
     return int(step.numpy())
 
 
+def restore_chosen(model: keras.Model, path: str, folder: Path, which: str | None, keep_best: bool) -> tuple[str, int]:
+    """restore_model from path, choose_checkpoint's choice, as (path, step). A run still training
+    deletes its older checkpoints (train.keep_checkpoints), maybe between that choice and this
+    read: then the checkpoint chosen now is read."""
+    try:
+        return path, restore_model(model, path)
+    except tf.errors.NotFoundError:
+        path, _ = choose_checkpoint(folder, which, keep_best)
+        return path, restore_model(model, path)
+
+
 def restore_pretrained(model: keras.Model, folder: Path) -> str:
     """Start model's encoder from the latest checkpoint in folder (a pretraining run, or a
     BERT imported with `trainformer import hf`, whose pooler also starts a classifier's head);
