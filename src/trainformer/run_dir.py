@@ -38,6 +38,10 @@ VOCABULARY_KEYS = ("data.corpus", "data.valid_fraction", "data.test_fraction", "
 PACKAGES = ("trainformer", "tensorflow", "tensorflow-text", "keras", "tokenizers", "numpy", "tensorboard", "snownlp")
 
 
+def no_checkpoint_yet(root: Path) -> UserError:
+    return UserError(f"{root}: no checkpoint yet (the first is saved after train.checkpoint_every steps)")
+
+
 @dataclasses.dataclass(frozen=True)
 class RunDir:
     root: Path
@@ -59,7 +63,7 @@ class RunDir:
     def require_checkpoint(self) -> None:
         """Refuse a run that has not saved a checkpoint yet: nothing to evaluate or export."""
         if not self.has_checkpoint():
-            raise UserError(f"{self.root}: no checkpoint yet (the first is saved after train.checkpoint_every steps)")
+            raise no_checkpoint_yet(self.root)
 
     def resume_command(self) -> str:
         return f"trainformer train --run-dir {self.root}"

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from trainformer.errors import UserError
 from trainformer.files import write_atomic
-from trainformer.run_dir import RunDir
+from trainformer.run_dir import no_checkpoint_yet
 
 BEST_FILE = "best.json"  # in the checkpoints folder: which eval best/ holds, and its metrics
 
@@ -135,8 +135,7 @@ def find_checkpoint(folder: Path, which: str = "latest") -> str:
     if which == "best" and tf.train.latest_checkpoint(str(folder)):
         raise UserError(f"{folder}: no best checkpoint yet (one is saved at each eval that beats the best valid "
                         f"loss, or accuracy with train.keep_best); use --checkpoint latest")
-    RunDir(folder.parent).require_checkpoint()  # says why there is none
-    raise UserError(f"{folder}: its checkpoint file names no checkpoint whose files exist")
+    raise no_checkpoint_yet(folder.parent)
 
 
 def choose_checkpoint(folder: Path, which: str | None, keep_best: bool) -> tuple[str, str | None]:
