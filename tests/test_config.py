@@ -185,6 +185,7 @@ def test_invalid_choice_for_norm(tmp_path):
     ("decode.strategy=sample", "decode.strategy"), ("decode.beam_size=0", "decode.beam_size"),
     ("decode.max_length=65", "decode.max_length"), ("train.label_smoothing=1.0", "train.label_smoothing"),
     ("train.batch_tokens=0", "train.batch_tokens"), ("model.decoder_layers=-1", "model.decoder_layers"),
+    ("model.ngram_buckets=-1", "model.ngram_buckets"), ("model.ngram_buckets=131073", "model.ngram_buckets"),
 ])
 def test_impossible_values_name_the_key(override, key):
     assert key in error_of(None, [override])

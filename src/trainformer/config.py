@@ -20,6 +20,7 @@ import yaml
 from trainformer.errors import UserError
 
 DEFAULT_CONFIG = "zh-bert-tiny"
+MAX_NGRAM_BUCKETS = 2**17  # model.ngram_buckets: NgramEmbedding's hash stays inside int32
 
 
 class ConfigError(UserError):
@@ -42,6 +43,9 @@ class ModelConfig:
     position: str = "sinusoidal"  # sinusoidal | learned
     activation: str = "gelu_tanh"  # feed-forward GELU: gelu_tanh (approximate) | gelu (exact, erf: BERT's)
     max_length: int = 0  # positions the model holds; 0: data.seq_len (an imported BERT keeps its 512)
+    # hash buckets of the character bigrams and trigrams added to each token's vector (ZEN,
+    # Diao et al. 2020); 0: none (BERT's inputs)
+    ngram_buckets: int = 0
     # A run directory whose encoder (weights and vocabulary) this run starts from; the encoder
     # keys above that a config leaves out (all but dropout) are taken from its config.yaml.
     init_from: str = ""
@@ -316,6 +320,9 @@ def validate(config: ExperimentConfig, origin: str) -> None:
                           f"got {d.valid_fraction} + {d.test_fraction}")
     if m.max_length and m.max_length < d.seq_len:
         raise ConfigError(f"{origin}: model.max_length: {m.max_length} positions cannot hold data.seq_len={d.seq_len}")
+    if not 0 <= m.ngram_buckets <= MAX_NGRAM_BUCKETS:
+        raise ConfigError(f"{origin}: model.ngram_buckets: must be in [0, {MAX_NGRAM_BUCKETS}] "
+                          f"(0: no n-grams), got {m.ngram_buckets}")
     if m.max_length < 0:
         raise ConfigError(f"{origin}: model.max_length: must be >= 0 (0: data.seq_len), got {m.max_length}")
     if t.discriminator_weight < 0:

@@ -242,6 +242,14 @@ def test_mean_pooling_is_refused(tmp_path):
     assert "\n" not in str(caught.value) and not (tmp_path / "out").exists()
 
 
+def test_ngram_embeddings_are_refused(tmp_path):
+    run_dir = config_only_run(tmp_path / "run", "zh-bert-tiny", "model.norm=post", "model.position=learned",
+                              "model.ngram_buckets=64")
+    with pytest.raises(UserError, match=r"model.ngram_buckets 64 has no Hugging Face BERT equivalent") as caught:
+        export_hf(run_dir, tmp_path / "out", say=quiet)
+    assert "\n" not in str(caught.value) and not (tmp_path / "out").exists()
+
+
 def test_out_is_replaced_only_when_it_is_an_earlier_hf_export(reexported, tmp_path):
     run_dir = reexported.parent / "run"
     mine = tmp_path / "mine"

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from trainformer.model.layers import (
     LearnedPositionalEmbedding,
+    NgramEmbedding,
     PositionalEncoding,
     ReversibleEmbedding,
     TransformerEncoderBlock,
@@ -205,6 +206,58 @@ def test_reverse_gives_float32_under_mixed_precision():
     expected = np.asarray(keras.ops.cast(hidden, "float32")) @ matrix.T
     # bf16 inputs: agreement to bf16 precision (the matrix is read through Keras autocast)
     np.testing.assert_allclose(np.asarray(logits), expected, rtol=0, atol=1e-2 * np.abs(expected).max())
+
+
+# --- character n-grams ----------------------------------------------------------------------
+
+def ngram_vectors(table, ids):
+    """NgramEmbedding's output, written out: at each position the sum of the rows of every
+    bigram and trigram covering it, a window's row its ids hashed (order first), 0 outside."""
+    buckets, (batch, length) = len(table), ids.shape
+    out = np.zeros((batch, length, table.shape[1]), np.float32)
+    for b in range(batch):
+        padded = [0, 0, *ids[b], 0, 0]
+        for t in range(length):
+            for order in (2, 3):
+                for start in range(t - order + 1, t + 1):
+                    bucket = order
+                    for token in padded[start + 2:start + 2 + order]:
+                        bucket = (bucket * NgramEmbedding.PRIME + int(token)) % buckets
+                    out[b, t] += table[bucket]
+    return out
+
+
+def test_ngram_embedding_layer_contract():
+    ids = RNG.integers(0, 50, (2, 7)).astype("int32")
+    run_layer_test(NgramEmbedding(97, 16, embeddings_initializer="random_normal"), ids, expected_shape=(2, 7, 16))
+
+
+def test_ngram_embedding_sums_the_hashed_windows_around_each_position():
+    layer = NgramEmbedding(97, 8, embeddings_initializer="random_normal")
+    ids = np.array([[2, 40, 41, 42, 3, 0], [2, 40, 41, 3, 0, 0]], "int32")
+    out = np.asarray(layer(ids))
+    np.testing.assert_allclose(out, ngram_vectors(np.asarray(layer.embeddings), ids), rtol=1e-5, atol=1e-6)
+    # a token reaches the positions two either side of it, no further
+    changed = ids.copy()
+    changed[0, 3] = 7
+    moved = np.abs(np.asarray(layer(changed)) - out)[0].max(axis=-1)
+    assert moved[1:6].min() > 0 and moved[0] == 0
+    assert np.asarray(layer(ids[:, :1])).shape == (2, 1, 8)  # shorter than the windows' reach
+
+
+def test_ngram_embedding_starts_as_the_encoder_without_ngrams():
+    """The table starts at zeros: pretraining with n-grams starts from the same function."""
+    from trainformer.model.encoder import TransformerEncoder
+
+    sizes = dict(vocab_size=50, max_length=8, d_model=16, num_layers=1, num_heads=2, dff=32)
+    plain, with_ngrams = TransformerEncoder(**sizes), TransformerEncoder(**sizes, ngram_buckets=97)
+    for layer in plain.layers:
+        if layer.weights:
+            with_ngrams.get_layer(layer.name).set_weights(layer.get_weights())
+    ids = RNG.integers(1, 50, (2, 8)).astype("int32")
+    inputs = {"token_ids": ids, "padding_mask": ids != 0}
+    np.testing.assert_array_equal(np.asarray(with_ngrams(inputs)), np.asarray(plain(inputs)))
+    assert not np.asarray(with_ngrams.get_layer("ngram_embedding").embeddings).any()
 
 
 @pytest.mark.parametrize("layer_class", [PositionalEncoding, LearnedPositionalEmbedding])

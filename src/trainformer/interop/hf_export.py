@@ -93,7 +93,10 @@ def check_expressible(config: ExperimentConfig, where: Path) -> None:
     if config.task.type not in ARCHITECTURES:
         raise UserError(f"export --format hf: {where}: task.type {config.task.type} has no Hugging Face BERT "
                         f"equivalent (an encoder-decoder); only mlm and classify runs export as BERT")
-    for key, value, why in UNMAPPABLE:
+    # any n-gram table is refused (buckets 0: None, which no setting equals)
+    unmappable = [*UNMAPPABLE, ("ngram_buckets", config.model.ngram_buckets or None,
+                                "BERT's inputs are its tokens alone (model.ngram_buckets 0)")]
+    for key, value, why in unmappable:
         if getattr(config.model, key) == value:
             raise UserError(f"export --format hf: {where}: model.{key} {value} has no Hugging Face BERT equivalent "
                             f"({why}); export it as saved_model, tflite or onnx instead")

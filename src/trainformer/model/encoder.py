@@ -9,6 +9,7 @@ import keras
 from trainformer.model.layers import (
     PACKAGE,
     LearnedPositionalEmbedding,
+    NgramEmbedding,
     PositionalEncoding,
     ReversibleEmbedding,
     TransformerEncoderBlock,
@@ -27,6 +28,8 @@ class TransformerEncoder(keras.Model):
         position: "sinusoidal" (fixed) or "learned" position vectors.
         activation: the feed-forward GELU of every block: "gelu_tanh" (tanh approximation) or
             "gelu" (exact, erf form: BERT's, and what an imported Hugging Face BERT uses).
+        ngram_buckets: 0, or the hash buckets of an NgramEmbedding added to the token vectors
+            (the bigrams and trigrams around each token).
 
     Inputs: {"token_ids": (batch, seq) int32, "padding_mask": (batch, seq) bool}.
     Output: (batch, seq, d_model) contextual vectors.
@@ -39,7 +42,8 @@ class TransformerEncoder(keras.Model):
 
     def __init__(self, vocab_size: int, max_length: int, d_model: int, num_layers: int,
                  num_heads: int, dff: int, dropout: float = 0.1, norm: str = "post",
-                 position: str = "sinusoidal", activation: str = "gelu_tanh", dtype=None, **kwargs):
+                 position: str = "sinusoidal", activation: str = "gelu_tanh", ngram_buckets: int = 0,
+                 dtype=None, **kwargs):
         token_ids = keras.Input((None,), dtype="int32", name="token_ids")
         padding_mask = keras.Input((None,), dtype="bool", name="padding_mask")
         token_embedding = ReversibleEmbedding(
@@ -52,6 +56,8 @@ class TransformerEncoder(keras.Model):
             else LearnedPositionalEmbedding(max_length, name="position_embedding", dtype=dtype)
         )
         x = token_embedding(token_ids)  # (batch, seq, d)
+        if ngram_buckets:
+            x = x + NgramEmbedding(ngram_buckets, d_model, name="ngram_embedding", dtype=dtype)(token_ids)
         if position == "sinusoidal":
             # The fixed encoding has unit-scale entries while embeddings start at std 0.02:
             # unscaled, positions drown the token signal and training stalls at the unigram
@@ -86,6 +92,7 @@ class TransformerEncoder(keras.Model):
         self.norm = norm
         self.position = position
         self.activation = activation
+        self.ngram_buckets = ngram_buckets
 
     def get_config(self):
         return {
@@ -102,6 +109,7 @@ class TransformerEncoder(keras.Model):
             "norm": self.norm,
             "position": self.position,
             "activation": self.activation,
+            "ngram_buckets": self.ngram_buckets,
         }
 
     @classmethod

@@ -210,6 +210,59 @@ class ReversibleEmbedding(keras.layers.Embedding):
         return super().compute_output_shape(input_shape)
 
 
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class NgramEmbedding(keras.layers.Embedding):
+    """The character n-grams around each token, as one vector per token (ZEN, Diao et al. 2020;
+    fastText's hashed n-grams, Bojanowski et al. 2017): the sum of the vectors of every bigram
+    and trigram that covers the position, each found by hashing its token ids into `input_dim`
+    buckets. Chinese words are mostly 2-3 characters: a character model otherwise has to
+    rebuild them with attention, from few examples on a small corpus.
+
+    The hashes are computed from the ids the model is given, so a masked position's n-grams
+    hold [MASK], never the token it hides. Ids outside the sequence count as padding (id 0).
+    The table starts at zeros: at step 0 the encoder is the one without n-grams.
+
+    Example:
+        ngrams = NgramEmbedding(32768, d_model)
+        x = token_embedding(ids) + ngrams(ids)   # (batch, seq) -> (batch, seq, d)
+    """
+
+    ORDERS = (2, 3)
+    # The hash multiplier: with at most config.MAX_NGRAM_BUCKETS buckets, bucket * PRIME + a
+    # token id stays inside int32, the dtype of token ids everywhere (export included).
+    PRIME = 10007
+
+    def __init__(self, input_dim: int, output_dim: int, embeddings_initializer="zeros", **kwargs):
+        super().__init__(input_dim, output_dim, embeddings_initializer=embeddings_initializer, **kwargs)
+
+    def call(self, token_ids):
+        ids = ops.cast(token_ids, "int32")  # (batch, seq)
+        reach = max(self.ORDERS) - 1
+        shifted = {offset: shift(ids, offset) for offset in range(-reach, reach + 1)}  # ids[t + offset]
+        windows = []  # each (batch, seq): the bucket of one n-gram covering every position
+        for order in self.ORDERS:
+            for start in range(-(order - 1), 1):  # the window's first token, relative to t
+                bucket = ops.full_like(ids, order)  # seeded: else (pad, a, b) hashes as (a, b)
+                for offset in range(start, start + order):
+                    bucket = ops.mod(bucket * self.PRIME + shifted[offset], self.input_dim)
+                windows.append(bucket)
+        vectors = super().call(ops.stack(windows, axis=-1))  # (batch, seq, windows, d)
+        return ops.sum(vectors, axis=-2)  # (batch, seq, d)
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape, self.output_dim)
+
+
+def shift(ids, offset: int):
+    """(batch, seq) ids moved so that position t holds ids[t + offset], and 0 (padding) where
+    that falls outside the sequence (also when the sequence is shorter than the offset)."""
+    if offset > 0:
+        return ops.pad(ids, [[0, 0], [0, offset]])[:, offset:]
+    if offset < 0:
+        return ops.pad(ids, [[0, 0], [-offset, 0]])[:, :offset]
+    return ids
+
+
 class TransformerBlock(keras.layers.Layer):
     """What the encoder and decoder blocks share: their arguments, their check of the width,
     and the residual connection around each sublayer.
