@@ -54,6 +54,9 @@ class ModelConfig:
     # index (BERT2BERT, Rothe et al. 2020), cross-attention from random; random: all from random.
     decoder_init: str = "encoder"
     tie_embeddings: bool = True  # seq2seq: one embedding for source, target and output (a joint vocabulary)
+    # seq2seq: the decoder may copy a source token as well as generate one (pointer-generator,
+    # See et al. 2017): what a summary that reuses its article's words needs
+    copy_source: bool = False
     # classify: what the head's pooler reads: cls (the [CLS] vector, BERT's) | mean (the mean of
     # every non-padding position's vector: no single position has to learn the summary)
     pooling: str = "cls"

@@ -1,5 +1,5 @@
 """The encoder-decoder and its in-graph search: the cache, greedy vs beam, the beam's promise,
-serialization, and a model that learns to copy."""
+serialization, a model that learns to copy, and the pointer-generator's copy distribution."""
 
 import keras
 import numpy as np
@@ -15,10 +15,10 @@ VOCAB, TARGET_LEN = 64, 12
 RNG = np.random.default_rng(0)
 
 
-def tiny_model(norm="pre", tie=True, position="sinusoidal"):
+def tiny_model(norm="pre", tie=True, position="sinusoidal", copy=False):
     keras.utils.set_random_seed(3)
     config = ModelConfig(d_model=32, num_layers=2, num_heads=2, dff=64, norm=norm, position=position,
-                         tie_embeddings=tie, decoder_layers=2)
+                         tie_embeddings=tie, decoder_layers=2, copy_source=copy)
     return build_seq2seq(config, VOCAB, 16, TARGET_LEN)
 
 
@@ -30,9 +30,11 @@ def sources(batch=3, length=10):
     return tf.constant(ids), tf.constant(ids != PAD_ID)
 
 
-@pytest.mark.parametrize("norm, tie, position", [("pre", True, "sinusoidal"), ("post", False, "learned")])
-def test_a_cached_step_equals_the_whole_prefix(norm, tie, position):
-    model = tiny_model(norm, tie, position)
+@pytest.mark.parametrize("norm, tie, position, copy", [("pre", True, "sinusoidal", False),
+                                                      ("post", False, "learned", False),
+                                                      ("pre", True, "sinusoidal", True)])
+def test_a_cached_step_equals_the_whole_prefix(norm, tie, position, copy):
+    model = tiny_model(norm, tie, position, copy)
     source_ids, source_mask = sources()
     targets = tf.constant(RNG.integers(5, VOCAB, (3, TARGET_LEN)).astype(np.int32))
     full = model({"source_ids": source_ids, "source_mask": source_mask, "target_ids": targets,
@@ -53,8 +55,9 @@ def run_search(model, beam_size=None, cache=True, max_length=TARGET_LEN, alpha=0
     return tf.function(lambda s: search.beam_search(step, s, 3, max_length, beam_size, alpha))(state)
 
 
-def test_beam_of_one_is_greedy_and_the_cache_changes_nothing():
-    model = tiny_model()
+@pytest.mark.parametrize("copy", [False, True])
+def test_beam_of_one_is_greedy_and_the_cache_changes_nothing(copy):
+    model = tiny_model(copy=copy)
     greedy, greedy_log_probs = run_search(model)
     beam, scores, _ = run_search(model, beam_size=1, alpha=0.0)  # alpha 0: scores are log-probabilities
     np.testing.assert_array_equal(beam[:, 0].numpy(), greedy.numpy())
@@ -89,23 +92,63 @@ def test_beam_scores_are_the_models_and_no_dropped_hypothesis_beats_a_returned_o
 
 
 def test_mixed_bfloat16_reaches_the_decoder():
-    """The decoder is built with the encoder's policy: a bf16 run decodes in bf16, not float32."""
-    model = build_seq2seq(ModelConfig(d_model=16, num_layers=1, num_heads=2, dff=32), VOCAB, 16,
-                          TARGET_LEN, dtype="mixed_bfloat16")
+    """The decoder is built with the encoder's policy: a bf16 run decodes in bf16, not float32;
+    the copy mixes its distributions in float32 (bf16 would round the logits to 3 digits)."""
+    model = build_seq2seq(ModelConfig(d_model=16, num_layers=1, num_heads=2, dff=32, copy_source=True), VOCAB,
+                          16, TARGET_LEN, dtype="mixed_bfloat16")
     assert model.get_layer("decoder").compute_dtype == "bfloat16"
     assert model.get_layer("decoder").blocks[0].compute_dtype == "bfloat16"
+    source_ids, source_mask = sources()
+    log_probs = model({"source_ids": source_ids, "source_mask": source_mask, "target_ids": source_ids,
+                       "target_mask": source_mask})
+    assert log_probs.dtype == "float32"
+    np.testing.assert_allclose(tf.reduce_logsumexp(log_probs, axis=-1).numpy(), 0.0, atol=1e-5)
 
 
 def test_seq2seq_round_trips_through_keras_serialization():
-    model = tiny_model(tie=False)
+    model = tiny_model(tie=False, copy=True)
     clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(model))
-    assert isinstance(clone, Seq2Seq) and not clone.tie_embeddings
+    assert isinstance(clone, Seq2Seq) and not clone.tie_embeddings and clone.copy_source
     clone.set_weights(model.get_weights())
     source_ids, source_mask = sources()
     inputs = {"source_ids": source_ids, "source_mask": source_mask, "target_ids": source_ids,
               "target_mask": source_mask}
     np.testing.assert_array_equal(clone(inputs).numpy(), model(inputs).numpy())
-    assert len(model.weights) - len(tiny_model(tie=True).weights) == 1  # the decoder's own embedding
+    # the decoder's own embedding; the copy's query, key and gate (kernel and bias each)
+    assert len(model.weights) - len(tiny_model(tie=True).weights) == 1 + 6
+
+
+def copy_outputs(gate_bias: float):
+    """A copy model's log-probabilities with its gate's bias set (weights 0): -30 copies only,
+    +30 generates only. Returns (log p (3, t, vocab), the same model's logits without the copy)."""
+    model = tiny_model(copy=True)
+    gate = model.get_layer("decoder")._copy._gate
+    gate.kernel.assign(tf.zeros_like(gate.kernel))
+    gate.bias.assign(tf.fill(gate.bias.shape, gate_bias))
+    plain = tiny_model()
+    weights = {w.path: w for w in model.weights}
+    for weight in plain.weights:
+        weight.assign(weights[weight.path])
+    source_ids, source_mask = sources()
+    inputs = {"source_ids": source_ids, "source_mask": source_mask, "target_ids": source_ids[:, :TARGET_LEN],
+              "target_mask": source_mask[:, :TARGET_LEN]}
+    return model(inputs).numpy(), plain(inputs).numpy()
+
+
+def test_the_copy_puts_its_mass_on_the_source_tokens_and_the_gate_mixes_it_in():
+    """With the gate shut, each row's probability sits on the ids its real source tokens hold
+    (padding gets none); open, the output is the plain decoder's log-softmax; either way a
+    distribution (log-sum-exp 0), which log_softmax leaves as it is for the loss and search."""
+    copied, _ = copy_outputs(-30.0)
+    source_ids, source_mask = (tensor.numpy() for tensor in sources())
+    np.testing.assert_allclose(tf.reduce_logsumexp(copied, axis=-1).numpy(), 0.0, atol=1e-5)
+    for row in range(3):
+        held = np.unique(source_ids[row][source_mask[row]])
+        probs = np.exp(copied[row])  # (t, vocab)
+        np.testing.assert_allclose(probs[:, held].sum(axis=-1), 1.0, atol=1e-5)
+        assert probs[:, PAD_ID].max() < 1e-6
+    generated, logits = copy_outputs(30.0)
+    np.testing.assert_allclose(generated, tf.nn.log_softmax(logits).numpy(), atol=1e-5)
 
 
 def test_the_model_learns_to_copy_a_handful_of_pairs():
@@ -142,17 +185,18 @@ def test_the_model_learns_to_copy_a_handful_of_pairs():
         assert list(output[row, : len(ids) + 1].numpy()) == [*ids, SEP_ID]
 
 
-@pytest.mark.parametrize("tie", [True, False])
-def test_a_checkpoint_holds_every_weight(tmp_path, tie):
+@pytest.mark.parametrize("tie, copy", [(True, False), (False, True)])
+def test_a_checkpoint_holds_every_weight(tmp_path, tie, copy):
     """TF checkpoints see only attributes: a decoder keeping its blocks in a list saved 18 of 38
     weights, and eval then ran a half-random model."""
-    model = tiny_model(tie=tie)
+    model = tiny_model(tie=tie, copy=copy)
     path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
     saved = [name for name, _ in tf.train.list_variables(path) if name.startswith("model/")]
     assert len(saved) == len(model.trainable_variables)
     keras.utils.set_random_seed(9)
     restored = build_seq2seq(ModelConfig(d_model=32, num_layers=2, num_heads=2, dff=64, norm="pre",
-                                         tie_embeddings=tie, decoder_layers=2), VOCAB, 16, TARGET_LEN)
+                                         tie_embeddings=tie, decoder_layers=2, copy_source=copy), VOCAB, 16,
+                                         TARGET_LEN)
     tf.train.Checkpoint(model=restored).restore(path).assert_existing_objects_matched()
     for ours, theirs in zip(restored.weights, model.weights):
         np.testing.assert_array_equal(ours.numpy(), theirs.numpy())

@@ -162,9 +162,64 @@ class TransformerDecoderBlock(TransformerBlock):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
+class SourceCopy(keras.layers.Layer):
+    """The pointer-generator's copy (See et al. 2017, "Get To The Point: Summarization with
+    Pointer-Generator Networks"): each target position may copy a source token instead of
+    generating one from the vocabulary.
+
+    One attention head from the decoder's output onto the encoder's weighs the source positions
+    (a); a gate p_gen = sigmoid(w . [h, context] + b), context = a @ memory, mixes the two:
+
+        p(w) = p_gen * softmax(logits)(w) + (1 - p_gen) * sum of a_i over positions i holding w
+
+    Source and target share one vocabulary (a seq2seq run has one tokenizer), so a copied id
+    needs no extended vocabulary. The result is a log-distribution: log_softmax leaves it as it
+    is, so the loss and the searches take it where they took logits.
+
+    Call: (hidden (batch, t, d), logits (batch, t, vocab) float32, memory_keys (batch, s, d) from
+    `keys`, memory (batch, s, d), memory_mask (batch, s) bool, source_ids (batch, s) int32) ->
+    log p (batch, t, vocab) float32.
+    """
+
+    def __init__(self, **kwargs):
+        # No autocast: a bf16 policy would round the float32 logits; the Dense layers cast
+        # their own inputs, the rest is computed in float32 here.
+        super().__init__(autocast=False, **kwargs)
+
+    def build(self, hidden_shape, *shapes):
+        d_model = hidden_shape[-1]
+        self._query = keras.layers.Dense(d_model, name="query", dtype=self.dtype_policy)
+        self._key = keras.layers.Dense(d_model, name="key", dtype=self.dtype_policy)
+        self._gate = keras.layers.Dense(1, name="gate", dtype=self.dtype_policy)
+        self._query.build((None, None, d_model))
+        self._key.build((None, None, d_model))
+        self._gate.build((None, None, 2 * d_model))
+
+    def keys(self, memory):
+        """(batch, s, d) encoder output -> its copy keys (batch, s, d): once per source."""
+        return self._key(memory)
+
+    def call(self, hidden, logits, memory_keys, memory, memory_mask, source_ids):
+        query = ops.cast(self._query(hidden), "float32")  # (batch, t, d)
+        scores = ops.einsum("btd,bsd->bts", query, ops.cast(memory_keys, "float32"))
+        scores = ops.where(memory_mask[:, None, :], scores / math.sqrt(hidden.shape[-1]), -1e9)
+        attention = ops.softmax(scores, axis=-1)  # (batch, t, s)
+        context = ops.einsum("bts,bsd->btd", attention, ops.cast(memory, "float32"))
+        gate = ops.cast(self._gate(ops.concatenate([ops.cast(hidden, "float32"), context], axis=-1)), "float32")
+        # each source position's weight added onto its token's id: (batch, t, s) @ (batch, s, vocab)
+        copied = ops.einsum("bts,bsv->btv", attention, ops.one_hot(source_ids, ops.shape(logits)[-1]))
+        generated = ops.log_sigmoid(gate) + ops.log_softmax(logits, axis=-1)
+        # 1e-9: an id no source holds gets a finite log (and gradient) from the copy side
+        return ops.logaddexp(generated, ops.log_sigmoid(-gate) + ops.log(copied + 1e-9))
+
+    def compute_output_shape(self, hidden_shape, logits_shape, *shapes):
+        return logits_shape
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
 class TransformerDecoder(keras.layers.Layer):
     """Target embedding + positions + decoder blocks (+ final LayerNorm for "pre") + the output
-    projection, tied to the target token embedding.
+    projection, tied to the target token embedding (+ the pointer-generator's copy, SourceCopy).
 
     Args:
         token_embedding: the ReversibleEmbedding of target tokens (the encoder's when the model
@@ -172,15 +227,18 @@ class TransformerDecoder(keras.layers.Layer):
             not serialised here.
         max_length: the longest target (decoder positions).
         num_layers, num_heads, dff, dropout, norm, position, activation: as the encoder's.
+        copy_source: True: the output mixes in copies of source tokens (SourceCopy); its
+            log-probabilities stand where the logits stood.
 
-    Call: (target_ids (batch, t), memory (batch, s, d), memory_mask (batch, s)) -> logits
-    (batch, t, vocab) float32.
-    Decoding: state = start(memory, memory_mask, max_length); logits, state = step(ids, index, state).
+    Call: (target_ids (batch, t), memory (batch, s, d), memory_mask (batch, s), source_ids
+    (batch, s): read only with copy_source) -> logits (batch, t, vocab) float32.
+    Decoding: state = start(memory, memory_mask, max_length, source_ids); logits, state =
+    step(ids, index, state).
     """
 
     def __init__(self, token_embedding: ReversibleEmbedding, max_length: int, num_layers: int, num_heads: int,
                  dff: int, dropout: float = 0.1, norm: str = "post", position: str = "sinusoidal",
-                 activation: str = "gelu_tanh", **kwargs):
+                 activation: str = "gelu_tanh", copy_source: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.token_embedding = token_embedding
         self.max_length = max_length
@@ -191,8 +249,9 @@ class TransformerDecoder(keras.layers.Layer):
         self.norm = norm
         self.position = position
         self.activation = activation
+        self.copy_source = copy_source
 
-    def build(self, target_ids_shape, memory_shape=None, memory_mask_shape=None):
+    def build(self, target_ids_shape, memory_shape=None, memory_mask_shape=None, source_ids_shape=None):
         d_model = self.token_embedding.output_dim
         policy = self.dtype_policy
         if not self.token_embedding.built:  # an untied embedding: only the decoder calls it
@@ -217,6 +276,10 @@ class TransformerDecoder(keras.layers.Layer):
             self._final_norm.build((None, None, d_model))
         self.output_bias = self.add_weight(name="output_bias", shape=(self.token_embedding.input_dim,),
                                            initializer="zeros")
+        self._copy = None
+        if self.copy_source:
+            self._copy = SourceCopy(name="source_copy", dtype=policy)
+            self._copy.build((None, None, d_model))
 
     @property
     def blocks(self) -> list[TransformerDecoderBlock]:
@@ -229,7 +292,8 @@ class TransformerDecoder(keras.layers.Layer):
         start_from); the embedding LayerNorm (post) or final LayerNorm (pre) and the learned
         position vectors (as many as both have) take the encoder's; an untied token embedding
         takes the encoder's values (a tied one is the encoder's already). Cross-attention and
-        the output bias keep their initialisation: the encoder has nothing that computes them.
+        the output bias (and the copy) keep their initialisation: the encoder has nothing that
+        computes them.
 
         encoder: a TransformerEncoder with the same width and at least as many blocks (a
         decoder with more would have blocks no pretraining trained: ValueError).
@@ -261,25 +325,38 @@ class TransformerDecoder(keras.layers.Layer):
             x = self._embedding_norm(x)
         return self._dropout(x, training=training)
 
-    def _logits(self, x):
+    def _logits(self, x, copy_inputs):
+        """The blocks' output (batch, t, d) -> (batch, t, vocab) float32: logits, or with
+        copy_source the log-probabilities that mix in the copy (copy_inputs: _copy_inputs')."""
         if self._final_norm is not None:
             x = self._final_norm(x)
-        return self.token_embedding(x, reverse=True) + ops.cast(self.output_bias, "float32")  # (batch, t, vocab)
+        logits = self.token_embedding(x, reverse=True) + ops.cast(self.output_bias, "float32")
+        return self._copy(x, logits, *copy_inputs) if self._copy is not None else logits
 
-    def call(self, target_ids, memory, memory_mask, training=None):
+    def _copy_inputs(self, memory, memory_mask, source_ids) -> tuple:
+        """What the copy reads of a batch of sources (empty without copy_source)."""
+        if self._copy is None:
+            return ()
+        if source_ids is None:
+            raise ValueError("a decoder with copy_source needs the source_ids")
+        return self._copy.keys(memory), memory, memory_mask, source_ids
+
+    def call(self, target_ids, memory, memory_mask, source_ids=None, training=None):
         x = self._embed(target_ids, 0, training)
         for block in self.blocks:
             x = block(x, memory, memory_mask, training=training)
-        return self._logits(x)
+        return self._logits(x, self._copy_inputs(memory, memory_mask, source_ids))
 
-    def start(self, memory, memory_mask, max_length: int) -> dict:
+    def start(self, memory, memory_mask, max_length: int, source_ids=None) -> dict:
         """The decoding state of a batch of encoded sources: each block's cross-attention keys
-        and values, and its empty self-attention cache for max_length positions. Every tensor
-        has the batch first, so a beam search can reorder or repeat rows of the whole state."""
+        and values, its empty self-attention cache for max_length positions, and what the copy
+        reads. Every tensor has the batch first, so a beam search can reorder or repeat rows of
+        the whole state."""
         batch = ops.shape(memory)[0]
         return {"memory_mask": memory_mask,
                 "memory_kv": [block.memory_kv(memory) for block in self.blocks],
-                "cache": [block.empty_cache(batch, max_length, memory.dtype) for block in self.blocks]}
+                "cache": [block.empty_cache(batch, max_length, memory.dtype) for block in self.blocks],
+                "copy": self._copy_inputs(memory, memory_mask, source_ids)}
 
     def step(self, token_ids, index, state: dict):
         """token_ids (batch,) int32 at position `index` -> (logits (batch, vocab) float32 for the
@@ -289,13 +366,14 @@ class TransformerDecoder(keras.layers.Layer):
         for block, memory_kv, cache in zip(self.blocks, state["memory_kv"], state["cache"]):
             x, cache = block.step(x, index, cache, memory_kv, state["memory_mask"])
             caches.append(cache)
-        return self._logits(x)[:, 0, :], {**state, "cache": caches}
+        return self._logits(x, state["copy"])[:, 0, :], {**state, "cache": caches}
 
-    def compute_output_shape(self, target_ids_shape, memory_shape=None, memory_mask_shape=None):
+    def compute_output_shape(self, target_ids_shape, memory_shape=None, memory_mask_shape=None,
+                             source_ids_shape=None):
         return (*target_ids_shape, self.token_embedding.input_dim)
 
     def get_config(self):
         # The (possibly shared) embedding is rebuilt by the model that owns it.
         return {**super().get_config(), "max_length": self.max_length, "num_layers": self.num_layers,
                 "num_heads": self.num_heads, "dff": self.dff, "dropout": self.dropout, "norm": self.norm,
-                "position": self.position, "activation": self.activation}
+                "position": self.position, "activation": self.activation, "copy_source": self.copy_source}

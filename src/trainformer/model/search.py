@@ -30,10 +30,11 @@ def cached_step(model):
 
 def uncached_step(model):
     """A step that runs the decoder on the whole buffer (causal, so later positions do not
-    matter) and reads position index: state = {"memory", "memory_mask"}."""
+    matter) and reads position index: state = {"memory", "memory_mask", "source_ids"}."""
     def step(tokens, index, state):
         # Positions 0..max_length-1 are inputs; the last one only ever holds an output.
-        logits = model.decoder(tokens[:, :-1], state["memory"], state["memory_mask"], training=False)
+        logits = model.decoder(tokens[:, :-1], state["memory"], state["memory_mask"], state["source_ids"],
+                               training=False)
         return logits[:, index, :], state
     return step
 
@@ -42,8 +43,8 @@ def initial_state(model, source_ids, source_mask, max_length: int, cache: bool =
     """Encode the sources once; the decoding state of `cached_step` or `uncached_step`."""
     memory = model.encode(source_ids, source_mask)
     if cache:
-        return model.decoder.start(memory, source_mask, max_length + 1)
-    return {"memory": memory, "memory_mask": source_mask}
+        return model.decoder.start(memory, source_mask, max_length + 1, source_ids)
+    return {"memory": memory, "memory_mask": source_mask, "source_ids": source_ids}
 
 
 def _while(going, body, loop_vars):

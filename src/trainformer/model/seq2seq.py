@@ -23,6 +23,8 @@ class Seq2Seq(EncoderModel):
         target_length: the longest target (decoder positions).
         tie_embeddings: True: one embedding for source, target and output (a joint vocabulary);
             False: the decoder has its own, tied to its output layer.
+        copy_source: True: a pointer-generator (decoder.SourceCopy): the output may copy source
+            tokens, and is log-probabilities, which every consumer of logits takes as they are.
 
     Inputs: source_ids, source_mask (batch, s); target_ids, target_mask (batch, t): the target
     shifted right ([CLS] first). Output: (batch, t, vocab) float32 logits.
@@ -30,7 +32,7 @@ class Seq2Seq(EncoderModel):
     """
 
     def __init__(self, encoder: TransformerEncoder, decoder_layers: int, target_length: int,
-                 tie_embeddings: bool = True, **kwargs):
+                 tie_embeddings: bool = True, copy_source: bool = False, **kwargs):
         inputs = {name: keras.Input((None,), dtype=dtype, name=name) for name, dtype in
                   (("source_ids", "int32"), ("source_mask", "bool"), ("target_ids", "int32"), ("target_mask", "bool"))}
         if tie_embeddings:
@@ -41,15 +43,16 @@ class Seq2Seq(EncoderModel):
                                             dtype=encoder.dtype_policy)
         decoder = TransformerDecoder(embedding, target_length, decoder_layers, encoder.num_heads, encoder.dff,
                                      encoder.dropout, encoder.norm, encoder.position, encoder.activation,
-                                     name="decoder", dtype=encoder.dtype_policy)
+                                     copy_source, name="decoder", dtype=encoder.dtype_policy)
         memory = encoder({"token_ids": inputs["source_ids"], "padding_mask": inputs["source_mask"]})
-        logits = decoder(inputs["target_ids"], memory, inputs["source_mask"])
+        logits = decoder(inputs["target_ids"], memory, inputs["source_mask"], inputs["source_ids"])
         super().__init__(inputs=inputs, outputs=logits, **kwargs)
         self.encoder = encoder
         self.decoder = decoder
         self.decoder_layers = decoder_layers
         self.target_length = target_length
         self.tie_embeddings = tie_embeddings
+        self.copy_source = copy_source
 
     def encode(self, source_ids, source_mask):
         """(batch, s) ids and mask -> the encoder output (batch, s, d), for decoding."""
@@ -58,7 +61,7 @@ class Seq2Seq(EncoderModel):
     def get_config(self):
         return {"name": self.name, "encoder": keras.saving.serialize_keras_object(self.encoder),
                 "decoder_layers": self.decoder_layers, "target_length": self.target_length,
-                "tie_embeddings": self.tie_embeddings}
+                "tie_embeddings": self.tie_embeddings, "copy_source": self.copy_source}
 
 
 def build_seq2seq(config: ModelConfig, vocab_size: int, source_length: int, target_length: int,
@@ -66,4 +69,4 @@ def build_seq2seq(config: ModelConfig, vocab_size: int, source_length: int, targ
     """The translation/summarization model of a model config (decoder_layers 0: num_layers)."""
     encoder = build_encoder(config, vocab_size, source_length, dtype)
     return Seq2Seq(encoder, config.decoder_layers or config.num_layers, target_length, config.tie_embeddings,
-                   name="seq2seq")
+                   config.copy_source, name="seq2seq")

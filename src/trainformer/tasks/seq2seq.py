@@ -252,7 +252,9 @@ class Seq2SeqTask:
         decode = ", ".join(f"{key} {value}" for key, value in self.decode_settings().items())
         m = self.config.model
         embeddings = "one embedding for source, target and output" if m.tie_embeddings else "separate embeddings"
-        return [f"decoder: {m.decoder_layers or m.num_layers} layers (the layers above are the encoder's); {embeddings}",
+        copy = "; copies source tokens (model.copy_source)" if m.copy_source else ""
+        return [f"decoder: {m.decoder_layers or m.num_layers} layers (the layers above are the encoder's); {embeddings}"
+                f"{copy}",
                 f"pairs: {sizes}; source up to {self.source_len} tokens, target up to {self.target_len}; "
                 f"batches of up to {t.batch_tokens:,} padded tokens{accumulate}, length-bucketed",
                 f"decode: {decode}"]
