@@ -4,7 +4,6 @@ take minutes), then every plot, the accuracy against the baseline and the [MASK]
 
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
