@@ -93,7 +93,10 @@ class TrainConfig:
     batch_size: int = 32  # windows (mlm) or texts (classify) per micro-batch; seq2seq uses batch_tokens
     batch_tokens: int = 4096  # seq2seq: padded source + target tokens per micro-batch (rows vary with length)
     label_smoothing: float = 0.0  # seq2seq: share of the target probability spread over the vocabulary
-    discriminator_weight: float = 50.0  # electra: the replaced-token loss's weight beside the generator's (ELECTRA's 50)
+    # electra: the replaced-token loss's weight beside the generator's (ELECTRA's 50). The two share
+    # the token embedding, which at 50 follows the discriminator: a small run's generator then
+    # stays on the unigram plateau; 1 left it (benchmarks/classify/README.md, "tenth pass")
+    discriminator_weight: float = 50.0
     accumulate: int = 1  # micro-batches per update: one update sees accumulate x batch_size windows
     learning_rate: float = 1e-3
     warmup_steps: int = 200  # capped at `steps` for a shorter run
