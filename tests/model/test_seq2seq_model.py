@@ -9,6 +9,7 @@ import tensorflow as tf
 from trainformer.config import ModelConfig
 from trainformer.tokens import CLS_ID, PAD_ID, SEP_ID
 from trainformer.model import search
+from trainformer.model.decoder import onto_vocabulary
 from trainformer.model.seq2seq import Seq2Seq, build_seq2seq
 
 VOCAB, TARGET_LEN = 64, 12
@@ -149,6 +150,17 @@ def test_the_copy_puts_its_mass_on_the_source_tokens_and_the_gate_mixes_it_in():
         assert probs[:, PAD_ID].max() < 1e-6
     generated, logits = copy_outputs(30.0)
     np.testing.assert_allclose(generated, tf.nn.log_softmax(logits).numpy(), atol=1e-5)
+
+
+def test_the_copy_weights_add_up_on_a_token_the_source_repeats():
+    """onto_vocabulary's scatter-add equals the one-hot product it replaced: a token held at
+    two source positions gets both weights, a token held nowhere gets 0."""
+    weights = tf.constant(np.random.default_rng(0).random((2, 3, 4)), tf.float32)  # (batch, t, s)
+    ids = tf.constant([[5, 7, 5, 5], [1, 2, 3, 4]], tf.int32)  # (batch, s)
+    summed = onto_vocabulary(weights, ids, 9).numpy()  # (batch, t, vocab)
+    np.testing.assert_allclose(summed, tf.einsum("bts,bsv->btv", weights, tf.one_hot(ids, 9)).numpy(), atol=1e-6)
+    np.testing.assert_allclose(summed[0, :, 5], weights.numpy()[0, :, [0, 2, 3]].sum(axis=0), atol=1e-6)
+    assert summed[0, :, 6].max() == 0.0
 
 
 def test_the_model_learns_to_copy_a_handful_of_pairs():

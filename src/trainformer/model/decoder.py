@@ -165,8 +165,8 @@ def onto_vocabulary(weights, ids, vocab_size):
     """Each source position's weight added onto its token's id (a token the source holds twice
     gets both): weights (batch, t, s) float32, ids (batch, s) int32 -> (batch, t, vocab).
 
-    A scatter-add: the (batch, s, vocab) one-hot it replaces cost a step of beam search more
-    than the decoder did."""
+    A scatter-add: with the (batch, s, vocab) one-hot product it replaces, beam search decoded
+    1.4x slower (benchmarks/seq2seq/README.md, "Copying")."""
     batch, steps, length = ops.shape(weights)[0], ops.shape(weights)[1], ops.shape(weights)[2]
     grid = (batch, steps, length)
     rows = ops.broadcast_to(ops.reshape(ops.arange(batch, dtype="int32"), (-1, 1, 1)), grid)
