@@ -167,8 +167,7 @@ def onto_vocabulary(weights, ids, vocab_size):
 
     A scatter-add: with the (batch, s, vocab) one-hot product it replaces, beam search decoded
     1.4x slower (benchmarks/seq2seq/README.md, "Copying")."""
-    batch, steps, length = ops.shape(weights)[0], ops.shape(weights)[1], ops.shape(weights)[2]
-    grid = (batch, steps, length)
+    grid = batch, steps, _ = ops.shape(weights)
     rows = ops.broadcast_to(ops.reshape(ops.arange(batch, dtype="int32"), (-1, 1, 1)), grid)
     columns = ops.broadcast_to(ops.reshape(ops.arange(steps, dtype="int32"), (1, -1, 1)), grid)
     tokens = ops.broadcast_to(ops.cast(ids, "int32")[:, None, :], grid)
