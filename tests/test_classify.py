@@ -32,10 +32,12 @@ def pretrained(tmp_path_factory):
     return run_dir
 
 
-# Every fine-tuning key at once (train.keep_best, train.layer_decay, model.pooling), deterministic
-# with dropout: the kept_best fixture stops a run with these same arguments, resumes it, and
-# compares it with the finetuned fixture bit for bit (one uninterrupted run serves both).
+# Every fine-tuning key at once (train.keep_best, train.layer_decay, model.pooling,
+# data.input_mask_rate), deterministic with dropout: the kept_best fixture stops a run with these
+# same arguments, resumes it, and compares it with the finetuned fixture bit for bit (one
+# uninterrupted run serves both).
 FINE_TUNING = ["--set", "train.keep_best=true", "--set", "train.layer_decay=0.8", "--set", "model.pooling=mean",
+               "--set", "data.input_mask_rate=0.15",
                "--set", "train.steps=40", "--set", "train.eval_every=10", "--set", "train.deterministic=true",
                "--set", "model.dropout=0.1", "--set", "train.precision=fp32"]
 

@@ -77,6 +77,9 @@ class DataConfig:
     # leave the unigram plateau sooner, long ones train the positions a fine-tune reads; 0: off
     long_seq_len: int = 0
     long_fraction: float = 0.1
+    # classify: each training batch hides this share of its texts' tokens behind [MASK], a fresh
+    # draw per batch (token cutoff, Shen et al. 2020); eval and predict read whole texts; 0: off
+    input_mask_rate: float = 0.0
 
 
 @dataclass
@@ -315,9 +318,9 @@ def validate(config: ExperimentConfig, origin: str) -> None:
     ranges = {
         "model.dropout": (m.dropout, 0.0, 1.0), "data.valid_fraction": (d.valid_fraction, 0.0, 1.0),
         "data.mask_rate": (d.mask_rate, 0.0, 1.0), "data.test_fraction": (d.test_fraction, 0.0, 1.0),
-        "train.label_smoothing": (t.label_smoothing, 0.0, 1.0),
+        "train.label_smoothing": (t.label_smoothing, 0.0, 1.0), "data.input_mask_rate": (d.input_mask_rate, 0.0, 1.0),
     }
-    may_be_zero = ("model.dropout", "data.test_fraction", "train.label_smoothing")
+    may_be_zero = ("model.dropout", "data.test_fraction", "train.label_smoothing", "data.input_mask_rate")
     for key, (value, low, high) in ranges.items():
         if not low <= value < high or (key not in may_be_zero and value == 0):
             raise ConfigError(f"{origin}: {key}: must be in ({low}, {high}), got {value}")
@@ -399,6 +402,9 @@ def _validate_classify_only(config: ExperimentConfig, origin: str) -> None:
     if config.model.pooling != "cls" and kind != "classify":
         raise ConfigError(f"{origin}: model.pooling: {config.model.pooling} pools for a classifier's head; a "
                           f"{kind} run has none (leave it at cls)")
+    if config.data.input_mask_rate and kind != "classify":
+        raise ConfigError(f"{origin}: data.input_mask_rate: hides a classifier's input tokens; a {kind} run "
+                          f"masks by data.mask_rate (leave it at 0)")
 
 
 def _build(cls: type, raw: Any, origin: str, prefix: str) -> Any:

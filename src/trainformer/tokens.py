@@ -7,3 +7,4 @@ the ids, and model never imports data.
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))
+NUM_SPECIAL = len(SPECIAL_TOKENS)  # ids below this are special: never masked, replaced or proposed

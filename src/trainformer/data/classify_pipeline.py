@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainformer.data.tokenizer import Tokenizer, frame
-from trainformer.tokens import PAD_ID
+from trainformer.tokens import MASK_ID, NUM_SPECIAL, PAD_ID
 
 BUCKET_BATCHES = 20  # batches per chunk sorted by length: similar lengths, still a fresh mix per epoch
 PAD_MULTIPLE = 16
@@ -122,20 +122,38 @@ def gather_batch(ragged: tf.RaggedTensor, labels: tf.Tensor, indices: tf.Tensor,
     return {"token_ids": ids, "padding_mask": ids != PAD_ID}, {"labels": tf.gather(labels, indices)}
 
 
+def hide_tokens(ids: tf.Tensor, seed: tf.Tensor, rate: float) -> tf.Tensor:
+    """(batch, L) ids with about `rate` of the text's tokens ([CLS], [SEP] and padding kept)
+    replaced by [MASK], drawn from the stateless (2,) seed."""
+    draw = tf.random.stateless_uniform(tf.shape(ids), seed)  # (batch, L)
+    hidden = (draw < rate) & (ids >= NUM_SPECIAL)
+    return tf.where(hidden, tf.constant(MASK_ID, ids.dtype), ids)
+
+
 def train_dataset(examples: dict[str, np.ndarray], batch_size: int, seed: int, seq_len: int,
-                  start_batch: int = 0) -> tf.data.Dataset:
+                  start_batch: int = 0, mask_rate: float = 0.0) -> tf.data.Dataset:
     """An endless stream of length-bucketed (inputs, targets) batches from batch start_batch on,
-    from cached_encode's arrays."""
+    from cached_encode's arrays; mask_rate > 0 hides that share of each batch's tokens (see
+    hide_tokens), a draw that is a pure function of (seed, batch number) like the order."""
     lengths = examples["lengths"]
     if len(lengths) < batch_size:
         raise ValueError(f"{len(lengths)} training examples are fewer than one batch of {batch_size}")
     ragged = tf.RaggedTensor.from_row_lengths(examples["flat"], lengths)
     labels = tf.constant(examples["labels"], tf.int32)
-    numbers = tf.data.Dataset.from_generator(
+    batches = tf.data.Dataset.from_generator(
         lambda: batch_numbers(lengths, batch_size, seed, start_batch),
         output_signature=tf.TensorSpec([batch_size], tf.int64),
     )
-    return numbers.map(lambda indices: gather_batch(ragged, labels, indices, seq_len)).prefetch(tf.data.AUTOTUNE)
+
+    def batch(number: tf.Tensor, indices: tf.Tensor):
+        inputs, targets = gather_batch(ragged, labels, indices, seq_len)
+        if mask_rate:
+            mask_seed = tf.stack([tf.constant(seed + 1, tf.int64), number])
+            inputs = {**inputs, "token_ids": hide_tokens(inputs["token_ids"], mask_seed, mask_rate)}
+        return inputs, targets
+
+    numbered = tf.data.Dataset.zip(tf.data.Dataset.counter(start_batch), batches)
+    return numbered.map(batch).prefetch(tf.data.AUTOTUNE)
 
 
 def eval_batches(examples: dict[str, np.ndarray], batch_size: int, seq_len: int) -> list[tuple[dict, dict]]:

@@ -22,9 +22,8 @@ import numpy as np
 import tensorflow as tf
 
 from trainformer.data.tokenizer import Tokenizer
-from trainformer.tokens import CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS
+from trainformer.tokens import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID
 
-NUM_SPECIAL = len(SPECIAL_TOKENS)  # ids below this are never masking targets
 # Which of mask_batch's tensors are model inputs and which are targets, per objective. ELECTRA's
 # model also reads the original tokens (to label replacements) and one uniform per masked
 # position (its generator's sample); its loss weighs every real token.

@@ -29,9 +29,8 @@ from trainformer.model.layers import (
     TransformerEncoderBlock,
     activation_function,
 )
-from trainformer.tokens import SPECIAL_TOKENS
+from trainformer.tokens import NUM_SPECIAL
 
-NUM_SPECIAL = len(SPECIAL_TOKENS)  # the generator never proposes [PAD], [CLS], [MASK], ...
 
 
 def sample_tokens(logits, uniform):

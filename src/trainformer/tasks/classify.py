@@ -125,7 +125,8 @@ class ClassifyTask:
 
     def train_batches(self, start_batch: int) -> tf.data.Dataset:
         t = self.config.train
-        return train_dataset(self.examples["train"], t.batch_size, t.seed, self.config.data.seq_len, start_batch)
+        return train_dataset(self.examples["train"], t.batch_size, t.seed, self.config.data.seq_len, start_batch,
+                             self.config.data.input_mask_rate)
 
     def attention_windows(self) -> np.ndarray:
         valid = self.examples["valid"]

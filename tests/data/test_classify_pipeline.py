@@ -1,0 +1,60 @@
+"""classify_pipeline's training stream with data.input_mask_rate: which tokens it hides, and
+that batch n stays a pure function of (seed, n), so a resumed run reads the same batches."""
+
+import numpy as np
+
+from trainformer.data.classify_pipeline import eval_batches, train_dataset
+from trainformer.tokens import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID
+
+RATE = 0.3
+
+
+def framed_examples(count=64, seed=0, longest=42) -> dict[str, np.ndarray]:
+    """`[CLS] ids [SEP]` texts of 5..longest tokens, as classify_pipeline.encode returns them."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(5, longest + 1, size=count).astype(np.int32)
+    texts = [np.concatenate([[CLS_ID], rng.integers(NUM_SPECIAL, 500, size=n - 2), [SEP_ID]]) for n in lengths]
+    return {"flat": np.concatenate(texts).astype(np.int32), "lengths": lengths,
+            "labels": rng.integers(0, 2, size=count).astype(np.int32)}
+
+
+def first_batches(examples, rate, start=0, count=6):
+    stream = train_dataset(examples, 8, seed=5, seq_len=32, start_batch=start, mask_rate=rate).take(count)
+    return [(inputs["token_ids"].numpy(), targets["labels"].numpy()) for inputs, targets in stream]
+
+
+def test_hidden_tokens_are_text_tokens_at_the_rate_and_nothing_else_changes():
+    examples = framed_examples()
+    plain, hidden = first_batches(examples, 0.0), first_batches(examples, RATE)
+    replaced = total = 0
+    for (ids, labels), (masked, masked_labels) in zip(plain, hidden):
+        np.testing.assert_array_equal(labels, masked_labels)
+        changed = ids != masked
+        assert np.all(masked[changed] == MASK_ID) and np.all(ids[changed] >= NUM_SPECIAL)  # never [CLS], [SEP], pad
+        assert not np.any(ids == MASK_ID)
+        replaced += changed.sum()
+        total += np.sum(ids >= NUM_SPECIAL)
+        assert np.all((masked == PAD_ID) == (ids == PAD_ID))
+    assert abs(replaced / total - RATE) < 0.05  # ~1,000 text tokens: the share is within a few points
+
+
+def test_each_batch_hides_other_positions():
+    """A fresh draw per batch (a seed per batch number), not one pattern reused: texts of one
+    length make every batch the same shape, so the patterns can be compared."""
+    examples = framed_examples(longest=5)
+    patterns = [ids == MASK_ID for ids, _ in first_batches(examples, RATE)]
+    assert all(not np.array_equal(patterns[0], other) for other in patterns[1:])
+
+
+def test_a_stream_started_at_batch_n_hides_what_the_whole_stream_hid_there():
+    examples = framed_examples()
+    whole, resumed = first_batches(examples, RATE), first_batches(examples, RATE, start=3, count=3)
+    for (ids, labels), (again, again_labels) in zip(whole[3:], resumed):
+        np.testing.assert_array_equal(ids, again)
+        np.testing.assert_array_equal(labels, again_labels)
+
+
+def test_eval_batches_read_whole_texts():
+    examples = framed_examples()
+    ids = np.concatenate([inputs["token_ids"].numpy().ravel() for inputs, _ in eval_batches(examples, 8, 32)])
+    assert not np.any(ids == MASK_ID)
