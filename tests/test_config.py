@@ -197,6 +197,8 @@ def test_impossible_values_name_the_key(override, key):
     (["train.layer_decay=0.8"], "train.layer_decay: fine-tunes a classifier's encoder; a mlm run"),
     (["task.type=classify", "model.pooling=max"], "model.pooling: 'max' is not one of cls, mean"),
     (["model.pooling=mean"], "model.pooling: mean pools for a classifier's head; a mlm run"),
+    (["data.input_mask_rate=0.1"], "data.input_mask_rate: hides a classifier's input tokens; a mlm run"),
+    (["task.type=classify", "data.input_mask_rate=1"], "data.input_mask_rate: must be in (0.0, 1.0)"),
 ])
 def test_fine_tuning_keys_are_checked(overrides, message):
     assert message in error_of(None, overrides)

@@ -103,6 +103,10 @@ class TrainConfig:
     accumulate: int = 1  # micro-batches per update: one update sees accumulate x batch_size windows
     learning_rate: float = 1e-3
     warmup_steps: int = 200  # capped at `steps` for a shorter run
+    # linear: up to learning_rate over warmup_steps, then linearly to 0 at steps (BERT's);
+    # triangle: from a quarter of learning_rate up to it at 75% of the steps, then linearly to 0
+    # (Cramming's one-cycle, Geiping & Goldstein 2022; it has no warmup_steps)
+    schedule: str = "linear"
     weight_decay: float = 0.01
     # classify: layer-wise learning-rate decay (Clark et al. 2020): the head learns at the full rate,
     # the top encoder block at x decay, the next at x decay^2, ..., the embeddings at
@@ -177,6 +181,7 @@ CHOICES = {
     "train.xla": ("auto", "on", "off"),
     "train.strategy": ("auto", "one_device", "mirrored", "multi_worker", "tpu"),
     "train.on_nan": ("stop", "rollback"),
+    "train.schedule": ("linear", "triangle"),
 }
 
 

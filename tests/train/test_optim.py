@@ -19,6 +19,7 @@ from trainformer.run.session import build_trainer
 from trainformer.tasks.mlm import MaskedLMTask
 from trainformer.train.optim import (
     DynamicLossScale,
+    Triangle,
     WarmupLinearDecay,
     dense_gradients,
     make_optimizer,
@@ -49,6 +50,31 @@ def test_warmup_linear_decay_shape():
 def test_no_warmup_starts_at_peak():
     schedule = WarmupLinearDecay(peak=1e-3, warmup_steps=0, total_steps=10)
     assert float(schedule(0)) == pytest.approx(1e-3)
+
+
+def test_triangle_rises_from_a_quarter_to_the_peak_at_three_quarters_then_falls_to_zero():
+    schedule = Triangle(peak=1e-3, total_steps=100)
+    lr = np.array([float(schedule(step)) for step in range(0, 111)])
+    np.testing.assert_allclose(lr[:76], 1e-3 * (0.25 + np.arange(76) / 100), rtol=1e-5)  # up, 0.01 x peak a step
+    assert lr.max() == pytest.approx(1e-3) and lr.argmax() == 75
+    np.testing.assert_allclose(lr[75:101], 1e-3 * (100 - np.arange(75, 101)) / 25, rtol=1e-5, atol=1e-9)  # down
+    assert np.all(lr[100:] == 0.0)
+    clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
+    assert isinstance(clone, Triangle) and float(clone(tf.constant(50, tf.int64))) == pytest.approx(float(schedule(50)))
+
+
+def test_train_schedule_triangle_is_the_optimizer_s_schedule():
+    config = load_config(None, ["model.d_model=16", "model.num_layers=1", "model.num_heads=2", "model.dff=32",
+                                "data.seq_len=8", "train.steps=8", "train.schedule=triangle",
+                                "train.learning_rate=1e-3", "train.precision=fp32"])
+    task = MaskedLMTask(config)
+    task.vocab_size = 50
+    optimizer = build_trainer(config, task, tf.distribute.get_strategy()).optimizer
+    seen = []
+    for step in (0, 6, 8):
+        optimizer.iterations.assign(step)
+        seen.append(float(optimizer.learning_rate))
+    np.testing.assert_allclose(seen, [2.5e-4, 1e-3, 0.0], rtol=1e-6)  # a quarter, the peak at 6 of 8, zero
 
 
 def test_schedule_accepts_tensor_steps_and_serializes():

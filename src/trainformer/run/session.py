@@ -49,7 +49,7 @@ def build_trainer(config: ExperimentConfig, task, strategy: tf.distribute.Strate
         # train.layer_decay (classify only, config.validate): the task knows its model's layers
         multipliers = task.learning_rate_multipliers(model) if t.layer_decay != 1.0 else None
         optimizer = make_optimizer(t.learning_rate, min(t.warmup_steps, t.steps), t.steps, t.weight_decay,
-                                   lr_multipliers=multipliers)
+                                   lr_multipliers=multipliers, schedule=t.schedule)
     return Trainer(model, optimizer, strategy, t, task.loss_sums, task.accuracy_name, task.shape_generic)
 
 
@@ -282,7 +282,10 @@ def print_summary(say, config: ExperimentConfig, task, num_params: int, strategy
         f"in {run.cache_dir}")
     for line in task.summary_lines():
         say(line)
-    if t.warmup_steps > t.steps:
+    if t.schedule == "triangle":
+        say(f"learning rate: {t.learning_rate / 4:.3g} rising to {t.learning_rate:.3g} at step "
+            f"{round(0.75 * t.steps):,}, then down to 0 (train.schedule=triangle; train.warmup_steps unused)")
+    elif t.warmup_steps > t.steps:
         say(f"warmup: train.warmup_steps={t.warmup_steps} is longer than the run: capped at train.steps={t.steps}")
     if t.layer_decay != 1.0:
         say(f"layer decay {t.layer_decay}: learning rate x1 for the head, x{t.layer_decay:.3g} for the top block, "

@@ -28,6 +28,29 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
         return {"peak": self.peak, "warmup_steps": self.warmup_steps, "total_steps": self.total_steps}
 
 
+@keras.saving.register_keras_serializable(package="trainformer")
+class Triangle(keras.optimizers.schedules.LearningRateSchedule):
+    """Cramming's one-cycle ("triangle2", Geiping & Goldstein 2022): `peak` / 4 at step 0, up
+    linearly to `peak` at 75% of `total_steps`, then linearly down to 0 at `total_steps`. A short
+    budget spends most of its steps near the peak rate instead of decaying from the start."""
+
+    START = 0.25  # of the peak, at step 0
+    COOLDOWN = 0.25  # of the steps, from the peak down to 0
+
+    def __init__(self, peak: float, total_steps: int):
+        self.peak = peak
+        self.total_steps = total_steps
+
+    def __call__(self, step):
+        progress = tf.cast(step, tf.float32) / self.total_steps  # 0 -> 1
+        rise = self.START + (1.0 - self.START) * progress / (1.0 - self.COOLDOWN)
+        fall = (1.0 - progress) / self.COOLDOWN
+        return self.peak * tf.clip_by_value(tf.minimum(rise, fall), 0.0, 1.0)
+
+    def get_config(self):
+        return {"peak": self.peak, "total_steps": self.total_steps}
+
+
 class AdamW(keras.optimizers.AdamW):
     """Keras AdamW that applies the gradients it is given, optionally with a learning rate of
     its own for each variable.
@@ -85,10 +108,12 @@ class AdamW(keras.optimizers.AdamW):
 
 
 def make_optimizer(peak: float, warmup_steps: int, total_steps: int, weight_decay: float,
-                   lr_multipliers: dict[str, float] | None = None) -> AdamW:
-    """AdamW on the warmup-then-linear-decay schedule; lr_multipliers: see AdamW."""
+                   lr_multipliers: dict[str, float] | None = None, schedule: str = "linear") -> AdamW:
+    """AdamW on the warmup-then-linear-decay schedule (or Cramming's triangle, which has no
+    warmup: TrainConfig.schedule); lr_multipliers: see AdamW."""
+    rate = Triangle(peak, total_steps) if schedule == "triangle" else WarmupLinearDecay(peak, warmup_steps, total_steps)
     optimizer = AdamW(
-        learning_rate=WarmupLinearDecay(peak, warmup_steps, total_steps),
+        learning_rate=rate,
         weight_decay=weight_decay, beta_1=0.9, beta_2=0.98, epsilon=1e-6, lr_multipliers=lr_multipliers,
     )
     optimizer.exclude_from_weight_decay(var_names=NO_DECAY)
