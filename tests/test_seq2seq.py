@@ -160,7 +160,8 @@ def encoder_counterpart(path: str) -> str | None:
 
 
 @pytest.mark.parametrize("layout", [["model.norm=pre"], ["model.norm=post", "model.position=learned",
-                                                         "model.tie_embeddings=false"]], ids=["pre", "post-learned"])
+                                                         "model.tie_embeddings=false"],
+                                    ["model.norm=pre", "model.use_bias=false"]], ids=["pre", "post-learned", "no-bias"])
 @pytest.mark.parametrize("decoder_init", ["encoder", "random"])
 def test_the_decoder_starts_from_the_pretrained_encoder(tmp_path, layout, decoder_init):
     """What a new seq2seq run with model.init_from does (run/session.py): with decoder_init
@@ -201,7 +202,8 @@ def test_the_decoder_starts_from_the_pretrained_encoder(tmp_path, layout, decode
             assert not np.array_equal(ours, fresh[weight.path])
             copied += 1
     if decoder_init == "encoder":
-        assert copied == 2 * 12 + 2 + 2 * (layout[0] == "model.norm=post")  # blocks, a norm, positions, embedding
+        per_block = 8 if config.model.use_bias is False else 12  # 4 projections' kernels (and biases), 2 LayerNorms
+        assert copied == 2 * per_block + 2 + 2 * (layout[0] == "model.norm=post")  # blocks, a norm, positions, embedding
         assert said[-1] == "decoder: its 2 blocks start from the encoder's (model.decoder_init=encoder), " \
                            "cross-attention from random"
     else:

@@ -46,6 +46,9 @@ class ModelConfig:
     # hash buckets of the character bigrams and trigrams added to each token's vector (ZEN,
     # Diao et al. 2020); 0: none (BERT's inputs)
     ngram_buckets: int = 0
+    # whether the blocks' attention and feed-forward projections add a bias (BERT's do; Cramming,
+    # Geiping & Goldstein 2022, drops them: fewer element-wise passes per step)
+    use_bias: bool = True
     # A run directory whose encoder (weights and vocabulary) this run starts from; the encoder
     # keys above that a config leaves out (all but dropout) are taken from its config.yaml.
     init_from: str = ""

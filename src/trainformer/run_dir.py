@@ -32,7 +32,8 @@ RESUMABLE_CHANGES = {
 # The encoder's shape: a run started from another (model.init_from) takes these from it where
 # its config leaves them out, and must match it on those it names (max_length too, for learned
 # positions). Dropout is not a shape: a fine-tune chooses its own.
-ENCODER_KEYS = ("d_model", "num_layers", "num_heads", "dff", "norm", "position", "activation", "ngram_buckets")
+ENCODER_KEYS = ("d_model", "num_layers", "num_heads", "dff", "norm", "position", "activation", "ngram_buckets",
+                "use_bias")
 # What decides the vocabulary: a run that changes them before its first checkpoint trains a new one.
 VOCABULARY_KEYS = ("data.corpus", "data.valid_fraction", "data.test_fraction", "tokenizer.", "model.init_from")
 PACKAGES = ("trainformer", "tensorflow", "tensorflow-text", "keras", "tokenizers", "numpy", "tensorboard", "snownlp")

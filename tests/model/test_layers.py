@@ -260,6 +260,27 @@ def test_ngram_embedding_starts_as_the_encoder_without_ngrams():
     assert not np.asarray(with_ngrams.get_layer("ngram_embedding").embeddings).any()
 
 
+def test_a_bias_free_encoder_is_the_biased_one_with_zero_biases():
+    """use_bias=False drops the blocks' projection biases and nothing else: with the biases of
+    a biased encoder at zero and its other weights copied, both compute the same function."""
+    from trainformer.model.encoder import TransformerEncoder
+
+    sizes = dict(vocab_size=50, max_length=8, d_model=16, num_layers=2, num_heads=2, dff=32)
+    biased, bias_free = TransformerEncoder(**sizes), TransformerEncoder(**sizes, use_bias=False)
+    dropped = {w.path for w in biased.weights if "block_" in w.path and w.path.endswith("/bias")}
+    assert len(dropped) == 2 * 4 and len(biased.weights) - len(bias_free.weights) == len(dropped)
+    kept = {w.path: w for w in bias_free.weights}
+    for weight in biased.weights:
+        if weight.path in dropped:
+            weight.assign(np.zeros(weight.shape, "float32"))
+        else:
+            kept[weight.path].assign(weight)
+    ids = RNG.integers(1, 50, (2, 8)).astype("int32")
+    inputs = {"token_ids": ids, "padding_mask": ids != 0}
+    np.testing.assert_allclose(np.asarray(bias_free(inputs)), np.asarray(biased(inputs)), rtol=1e-6, atol=1e-6)
+    assert TransformerEncoder.from_config(bias_free.get_config()).use_bias is False
+
+
 @pytest.mark.parametrize("layer_class", [PositionalEncoding, LearnedPositionalEmbedding])
 def test_position_layers_implement_compute_output_shape(layer_class):
     assert tuple(layer_class(max_length=16).compute_output_shape((2, 10, 8))) == (2, 10, 8)

@@ -61,6 +61,7 @@ UNMAPPABLE = (
     ("position", "sinusoidal", "BERT learns its positions and does not scale the token embeddings by "
                                "sqrt(d_model) (model.position learned)"),
     ("pooling", "mean", "BERT's pooler reads the [CLS] vector (model.pooling cls)"),
+    ("use_bias", False, "BERT's attention and feed-forward projections add biases (model.use_bias true)"),
 )
 SPECIAL_NAMES = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), SPECIAL_TOKENS))
 

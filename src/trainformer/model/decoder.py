@@ -73,7 +73,8 @@ class TransformerDecoderBlock(TransformerBlock):
             return layer
 
         def dense(units, name, activation=None, inner=d_model):
-            return sublayer(keras.layers.Dense(units, activation=activation, name=name, dtype=policy), inner)
+            return sublayer(keras.layers.Dense(units, activation=activation, use_bias=self.use_bias, name=name,
+                                               dtype=policy), inner)
 
         def layer_norm(name):
             return sublayer(keras.layers.LayerNormalization(epsilon=self.epsilon, name=name, dtype=policy))
@@ -238,7 +239,7 @@ class TransformerDecoder(keras.layers.Layer):
             ties embeddings); its matrix is also the output layer. Rebuilt by the owning model,
             not serialised here.
         max_length: the longest target (decoder positions).
-        num_layers, num_heads, dff, dropout, norm, position, activation: as the encoder's.
+        num_layers, num_heads, dff, dropout, norm, position, activation, use_bias: as the encoder's.
         copy_source: True: the output mixes in copies of source tokens (SourceCopy); its
             log-probabilities stand where the logits stood.
 
@@ -250,7 +251,7 @@ class TransformerDecoder(keras.layers.Layer):
 
     def __init__(self, token_embedding: ReversibleEmbedding, max_length: int, num_layers: int, num_heads: int,
                  dff: int, dropout: float = 0.1, norm: str = "post", position: str = "sinusoidal",
-                 activation: str = "gelu_tanh", copy_source: bool = False, **kwargs):
+                 activation: str = "gelu_tanh", copy_source: bool = False, use_bias: bool = True, **kwargs):
         super().__init__(**kwargs)
         self.token_embedding = token_embedding
         self.max_length = max_length
@@ -262,6 +263,7 @@ class TransformerDecoder(keras.layers.Layer):
         self.position = position
         self.activation = activation
         self.copy_source = copy_source
+        self.use_bias = use_bias
 
     def build(self, target_ids_shape, memory_shape=None, memory_mask_shape=None, source_ids_shape=None):
         d_model = self.token_embedding.output_dim
@@ -277,8 +279,8 @@ class TransformerDecoder(keras.layers.Layer):
             self._embedding_norm.build((None, None, d_model))
         self._dropout = keras.layers.Dropout(self.dropout, dtype=policy)
         for index in range(self.num_layers):
-            block = TransformerDecoderBlock(self.num_heads, self.dff, self.dropout, self.norm,
-                                            activation=self.activation, name=f"block_{index}", dtype=policy)
+            block = TransformerDecoderBlock(self.num_heads, self.dff, self.dropout, self.norm, activation=self.activation,
+                                            use_bias=self.use_bias, name=f"block_{index}", dtype=policy)
             block.build((None, None, d_model))
             # An attribute each, not a list: TF checkpoints do not see the layers of a Keras-tracked list
             setattr(self, f"block_{index}", block)
@@ -388,4 +390,5 @@ class TransformerDecoder(keras.layers.Layer):
         # The (possibly shared) embedding is rebuilt by the model that owns it.
         return {**super().get_config(), "max_length": self.max_length, "num_layers": self.num_layers,
                 "num_heads": self.num_heads, "dff": self.dff, "dropout": self.dropout, "norm": self.norm,
-                "position": self.position, "activation": self.activation, "copy_source": self.copy_source}
+                "position": self.position, "activation": self.activation, "copy_source": self.copy_source,
+                "use_bias": self.use_bias}

@@ -121,8 +121,8 @@ def generator_sequence(encoder: TransformerEncoder, token_ids, padding_mask, num
     if encoder.norm == "post":
         x = keras.layers.LayerNormalization(epsilon=1e-12, name="generator_embeddings_norm", dtype=dtype)(x)
     for index in range(num_layers):
-        block = TransformerEncoderBlock(encoder.num_heads, encoder.dff, 0.0, encoder.norm,
-                                        activation=encoder.activation, name=f"generator_block_{index}", dtype=dtype)
+        block = TransformerEncoderBlock(encoder.num_heads, encoder.dff, 0.0, encoder.norm, activation=encoder.activation,
+                                        use_bias=encoder.use_bias, name=f"generator_block_{index}", dtype=dtype)
         x = block(x, padding_mask=padding_mask)
     if encoder.norm == "pre":
         x = keras.layers.LayerNormalization(epsilon=1e-12, name="generator_final_norm", dtype=dtype)(x)

@@ -30,6 +30,7 @@ class TransformerEncoder(keras.Model):
             "gelu" (exact, erf form: BERT's, and what an imported Hugging Face BERT uses).
         ngram_buckets: 0, or the hash buckets of an NgramEmbedding added to the token vectors
             (the bigrams and trigrams around each token).
+        use_bias: whether every block's projections add a bias (TransformerBlock).
 
     Inputs: {"token_ids": (batch, seq) int32, "padding_mask": (batch, seq) bool}.
     Output: (batch, seq, d_model) contextual vectors.
@@ -43,7 +44,7 @@ class TransformerEncoder(keras.Model):
     def __init__(self, vocab_size: int, max_length: int, d_model: int, num_layers: int,
                  num_heads: int, dff: int, dropout: float = 0.1, norm: str = "post",
                  position: str = "sinusoidal", activation: str = "gelu_tanh", ngram_buckets: int = 0,
-                 dtype=None, **kwargs):
+                 use_bias: bool = True, dtype=None, **kwargs):
         token_ids = keras.Input((None,), dtype="int32", name="token_ids")
         padding_mask = keras.Input((None,), dtype="bool", name="padding_mask")
         token_embedding = ReversibleEmbedding(
@@ -68,7 +69,7 @@ class TransformerEncoder(keras.Model):
             x = keras.layers.LayerNormalization(epsilon=1e-12, name="embeddings_norm", dtype=dtype)(x)
         x = keras.layers.Dropout(dropout, name="embeddings_dropout", dtype=dtype)(x)
         for index in range(num_layers):
-            block = TransformerEncoderBlock(num_heads, dff, dropout, norm, activation=activation,
+            block = TransformerEncoderBlock(num_heads, dff, dropout, norm, activation=activation, use_bias=use_bias,
                                             name=f"block_{index}", dtype=dtype)
             x = block(x, padding_mask=padding_mask)
         if norm == "pre":
@@ -93,6 +94,7 @@ class TransformerEncoder(keras.Model):
         self.position = position
         self.activation = activation
         self.ngram_buckets = ngram_buckets
+        self.use_bias = use_bias
 
     def get_config(self):
         return {
@@ -110,6 +112,7 @@ class TransformerEncoder(keras.Model):
             "position": self.position,
             "activation": self.activation,
             "ngram_buckets": self.ngram_buckets,
+            "use_bias": self.use_bias,
         }
 
     @classmethod

@@ -276,10 +276,12 @@ class TransformerBlock(keras.layers.Layer):
         epsilon: LayerNorm epsilon.
         activation: the feed-forward GELU: "gelu_tanh" (tanh approximation) or "gelu" (exact,
             erf form: BERT's).
+        use_bias: whether the attention and feed-forward projections add a bias (BERT's do;
+            Cramming drops them: fewer element-wise passes per step, the same quality).
     """
 
     def __init__(self, num_heads: int, dff: int, dropout: float = 0.1, norm: str = "post",
-                 epsilon: float = 1e-12, activation: str = "gelu_tanh", **kwargs):
+                 epsilon: float = 1e-12, activation: str = "gelu_tanh", use_bias: bool = True, **kwargs):
         super().__init__(**kwargs)
         if norm not in ("post", "pre"):
             raise ValueError(f"norm must be 'post' or 'pre', got {norm!r}")
@@ -290,6 +292,7 @@ class TransformerBlock(keras.layers.Layer):
         self.norm = norm
         self.epsilon = epsilon
         self.activation = activation
+        self.use_bias = use_bias
 
     def check_width(self, d_model: int) -> int:
         """The head size of a model width."""
@@ -305,7 +308,7 @@ class TransformerBlock(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "dff": self.dff, "dropout": self.dropout,
-                "norm": self.norm, "epsilon": self.epsilon, "activation": self.activation}
+                "norm": self.norm, "epsilon": self.epsilon, "activation": self.activation, "use_bias": self.use_bias}
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -329,7 +332,7 @@ class TransformerEncoderBlock(TransformerBlock):
         policy = self.dtype_policy
 
         def dense(units, name, activation=None):
-            return keras.layers.Dense(units, activation=activation, name=name, dtype=policy)
+            return keras.layers.Dense(units, activation=activation, use_bias=self.use_bias, name=name, dtype=policy)
 
         def layer_norm(name):
             return keras.layers.LayerNormalization(epsilon=self.epsilon, name=name, dtype=policy)

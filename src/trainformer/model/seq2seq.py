@@ -43,7 +43,7 @@ class Seq2Seq(EncoderModel):
                                             dtype=encoder.dtype_policy)
         decoder = TransformerDecoder(embedding, target_length, decoder_layers, encoder.num_heads, encoder.dff,
                                      encoder.dropout, encoder.norm, encoder.position, encoder.activation,
-                                     copy_source, name="decoder", dtype=encoder.dtype_policy)
+                                     copy_source, encoder.use_bias, name="decoder", dtype=encoder.dtype_policy)
         memory = encoder({"token_ids": inputs["source_ids"], "padding_mask": inputs["source_mask"]})
         logits = decoder(inputs["target_ids"], memory, inputs["source_mask"], inputs["source_ids"])
         super().__init__(inputs=inputs, outputs=logits, **kwargs)
