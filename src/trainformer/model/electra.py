@@ -32,7 +32,6 @@ from trainformer.model.layers import (
 from trainformer.tokens import NUM_SPECIAL
 
 
-
 def sample_tokens(logits, uniform):
     """One token per row of logits by inverse-CDF sampling, never a special token.
 

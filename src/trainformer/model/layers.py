@@ -277,7 +277,7 @@ class TransformerBlock(keras.layers.Layer):
         activation: the feed-forward GELU: "gelu_tanh" (tanh approximation) or "gelu" (exact,
             erf form: BERT's).
         use_bias: whether the attention and feed-forward projections add a bias (BERT's do;
-            Cramming drops them: fewer element-wise passes per step, the same quality).
+            Cramming drops them: fewer element-wise passes per step).
     """
 
     def __init__(self, num_heads: int, dff: int, dropout: float = 0.1, norm: str = "post",

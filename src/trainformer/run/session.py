@@ -27,7 +27,7 @@ from trainformer.tasks import task_for
 from trainformer.train.checkpoint import Checkpoints, read_best_record, restore_pretrained, weights_digest
 from trainformer.train.loop import Trainer
 from trainformer.train.monitor import Monitor, format_duration
-from trainformer.train.optim import make_optimizer
+from trainformer.train.optim import Triangle, make_optimizer
 from trainformer.train.precision import resolved
 from trainformer.train.prometheus import PrometheusExporter
 from trainformer.train.strategy import (
@@ -284,8 +284,9 @@ def print_summary(say, config: ExperimentConfig, task, num_params: int, strategy
     for line in task.summary_lines():
         say(line)
     if t.schedule == "triangle":
-        say(f"learning rate: {t.learning_rate / 4:.3g} rising to {t.learning_rate:.3g} at step "
-            f"{round(0.75 * t.steps):,}, then down to 0 (train.schedule=triangle; train.warmup_steps unused)")
+        say(f"learning rate: {t.learning_rate * Triangle.START:.3g} rising to {t.learning_rate:.3g} at step "
+            f"{round((1 - Triangle.COOLDOWN) * t.steps):,}, then down to 0 (train.schedule=triangle; "
+            f"train.warmup_steps unused)")
     elif t.warmup_steps > t.steps:
         say(f"warmup: train.warmup_steps={t.warmup_steps} is longer than the run: capped at train.steps={t.steps}")
     if t.layer_decay != 1.0:
