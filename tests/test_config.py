@@ -205,6 +205,8 @@ def test_fine_tuning_keys_are_checked(overrides, message):
 
 
 @pytest.mark.parametrize("overrides, message", [
+    (["data.selective_masking=-1"], "data.selective_masking: must be >= 0"),
+    (["task.type=classify", "data.selective_masking=2"], "data.selective_masking: chooses the tokens a masked-LM"),
     (["data.long_seq_len=-1"], "data.long_seq_len: must be >= 0"),
     (["task.type=classify", "data.long_seq_len=256"], "data.long_seq_len: pretraining windows"),
     (["data.long_seq_len=64"], "data.long_seq_len: 64 must be more than data.seq_len=64"),
@@ -214,7 +216,7 @@ def test_fine_tuning_keys_are_checked(overrides, message):
     (["data.long_seq_len=256", "model.max_length=128"], "model.max_length: 128 positions cannot hold "
                                                        "data.long_seq_len=256"),
 ])
-def test_long_windows_are_checked(overrides, message):
+def test_pretraining_window_and_mask_keys_are_checked(overrides, message):
     assert message in error_of(None, overrides)
 
 

@@ -80,6 +80,10 @@ class DataConfig:
     # leave the unigram plateau sooner, long ones train the positions a fine-tune reads; 0: off
     long_seq_len: int = 0
     long_fraction: float = 0.1
+    # mlm, electra on a labelled corpus: tokens whose frequency differs between the labels are
+    # masked more often, with weight 1 + this x their log-frequency spread (data/selective.py,
+    # Gu et al. 2020); 0: uniform
+    selective_masking: float = 0.0
     # classify: each training batch hides this share of its texts' tokens behind [MASK], a fresh
     # draw per batch (token cutoff, Shen et al. 2020); eval and predict read whole texts; 0: off
     input_mask_rate: float = 0.0
@@ -363,6 +367,12 @@ def validate(config: ExperimentConfig, origin: str) -> None:
                           f"(model.num_layers={m.num_layers}), got {t.attention_layer}")
     _validate_classify_only(config, origin)
     _validate_long_windows(config, origin)
+    if d.selective_masking < 0:
+        raise ConfigError(f"{origin}: data.selective_masking: must be >= 0 (0: uniform masking), got "
+                          f"{d.selective_masking}")
+    if d.selective_masking and config.task.type not in ("mlm", "electra"):
+        raise ConfigError(f"{origin}: data.selective_masking: chooses the tokens a masked-LM run masks; a "
+                          f"{config.task.type} run masks none (leave it at 0)")
     if tok.vocab_size < 100:
         raise ConfigError(f"{origin}: tokenizer.vocab_size: must be >= 100, got {tok.vocab_size}")
 

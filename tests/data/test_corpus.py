@@ -172,4 +172,5 @@ def test_a_labelled_set_gives_the_texts_of_its_train_split(source, tmp_path):
     assert corpus.train == labelled.train.texts and corpus.valid == labelled.valid.texts
     assert not set(labelled.test.texts) & (set(corpus.train) | set(corpus.valid))
     assert len(labelled.test) > 0 and corpus.fingerprint == labelled.fingerprint
+    assert corpus.train_labels == labelled.train.labels  # for data.selective_masking
     assert "the texts of its train split" in corpus.source

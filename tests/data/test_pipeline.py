@@ -349,3 +349,25 @@ def test_eval_batches_are_fixed_and_cover_all_windows(small_windows):
     for inputs, targets in first:
         picked = tf.gather(inputs["token_ids"], inputs["masked_positions"], batch_dims=1).numpy()
         assert np.all(picked[targets["masked_weights"].numpy() > 0] == MASK_ID)
+
+
+def test_token_weights_mask_heavy_tokens_more_at_the_same_count(windows, tokenizer):
+    """Equal weights choose exactly what uniform masking chooses; weighting a tenth of the
+    vocabulary 8x masks those tokens far more often, with the same number of targets per window."""
+    batch, seed = tf.constant(windows[:200]), tf.constant([3, 4], tf.int64)
+    uniform = mask_batch(batch, seed, RATE, tokenizer.vocab_size)
+    equal = mask_batch(batch, seed, RATE, tokenizer.vocab_size, token_weights=tf.fill([tokenizer.vocab_size], 2.5))
+    for key in uniform:
+        np.testing.assert_array_equal(equal[key].numpy(), uniform[key].numpy())
+
+    heavy = np.arange(tokenizer.vocab_size) % 10 == 0  # (vocab,)
+    weights = tf.constant(np.where(heavy, 8.0, 1.0), tf.float32)
+    out = {k: v.numpy() for k, v in mask_batch(batch, seed, RATE, tokenizer.vocab_size, token_weights=weights).items()}
+    np.testing.assert_array_equal(out["masked_weights"].sum(axis=1), [expected_count(w) for w in windows[:200]])
+    rows, positions, targets, _ = chosen(out)
+    np.testing.assert_array_equal(targets, windows[rows, positions])
+    real = windows[:200][windows[:200] >= NUM_SPECIAL]
+    assert heavy[real].mean() < 0.2 < heavy[targets].mean()
+    masked_heavy = heavy[targets].sum() / heavy[real].sum()  # the share of heavy tokens masked
+    masked_light = (~heavy[targets]).sum() / (~heavy[real]).sum()
+    assert masked_heavy > 3 * masked_light

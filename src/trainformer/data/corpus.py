@@ -63,6 +63,7 @@ class Corpus:
     valid: list[str]
     skipped: Counter = field(default_factory=Counter)  # reason -> lines
     fingerprint: str = ""  # sha256 of the cleaned documents, in order
+    train_labels: list[int] | None = None  # a labelled set's: the label id of each train text
 
     @property
     def num_examples(self) -> int:
@@ -151,7 +152,7 @@ def labelled_texts(name_or_path: str, valid_fraction: float, test_fraction: floa
     the same fractions never shows the model a text before it is scored on it."""
     labelled = load_labelled(name_or_path, valid_fraction, test_fraction)
     return Corpus(f"{labelled.source}, the texts of its train split", labelled.train.texts, labelled.valid.texts,
-                  labelled.skipped, labelled.fingerprint)
+                  labelled.skipped, labelled.fingerprint, labelled.train.labels)
 
 
 def read_file(path: Path) -> Iterator[str | None]:

@@ -82,7 +82,8 @@ def max_predictions(seq_len: int, mask_rate: float) -> int:
 
 
 def mask_batch(
-    token_ids: tf.Tensor, seed: tf.Tensor, mask_rate: float, vocab_size: int, cloze: bool = False, span: int = 1
+    token_ids: tf.Tensor, seed: tf.Tensor, mask_rate: float, vocab_size: int, cloze: bool = False, span: int = 1,
+    token_weights: tf.Tensor | None = None,
 ) -> dict[str, tf.Tensor]:
     """Choose round(mask_rate * n) of the n non-special tokens of each window and corrupt them.
 
@@ -94,6 +95,9 @@ def mask_batch(
         span: choose runs of `span` neighbouring tokens (overlapping runs merge into longer ones),
             as whole-word and n-gram masking do for Chinese (Cui et al. 2019): a masked character
             of a word is then rarely given away by the rest of the word. 1: single tokens.
+        token_weights: (vocab,) float32 weights > 0, or None (uniform): a window's masked
+            positions are drawn without replacement with probability proportional to their
+            tokens' weights (selective masking: data/selective.py).
 
     Returns model inputs and targets: token_ids (batch, seq), padding_mask (batch, seq) bool,
     masked_positions / masked_ids (batch, P) int32, masked_weights (batch, P) float32 and
@@ -106,11 +110,16 @@ def mask_batch(
     num_masked = tf.math.round(tf.reduce_sum(tf.cast(candidate, tf.float32), axis=1) * mask_rate)
     num_masked = tf.cast(num_masked, tf.int32)  # (batch,)
 
-    # The candidates with the smallest random scores are chosen; non-candidates score 2.
-    scores = tf.random.stateless_uniform([batch, seq_len], seeds[0])
+    # The candidates with the smallest random scores are chosen; non-candidates score inf.
+    scores = tf.random.stateless_uniform([batch, seq_len], seeds[0])  # (batch, seq)
+    if token_weights is not None:
+        # Exponential draws divided by the weights: the smallest is position i with probability
+        # w_i / sum(w), then the next among the rest, ... (Efraimidis & Spirakis 2006). Monotone
+        # in the uniform draw, so equal weights choose what the uniform scores choose.
+        scores = -tf.math.log1p(-scores) / tf.gather(token_weights, token_ids)
     if span > 1:  # a token scores the least draw within its run: the smallest scores come in runs
         scores = -tf.nn.max_pool1d(-scores[..., None], span, 1, "SAME")[..., 0]
-    scores = tf.where(candidate, scores, 2.0)
+    scores = tf.where(candidate, scores, float("inf"))
     _, positions = tf.math.top_k(-scores, k=num_predictions)  # (batch, P)
     weights = tf.sequence_mask(num_masked, num_predictions)  # (batch, P) bool
     positions = tf.where(weights, positions, 0)
@@ -141,9 +150,10 @@ def mask_batch(
 
 def train_dataset(
     windows: np.ndarray, batch_size: int, seed: int, mask_rate: float, vocab_size: int, start_batch: int = 0,
-    keys: tuple = MLM_KEYS, mask_span: int = 1,
+    keys: tuple = MLM_KEYS, mask_span: int = 1, token_weights: np.ndarray | None = None,
 ) -> tf.data.Dataset:
-    """An endless stream of masked batches; a new window order and new masks every epoch.
+    """An endless stream of masked batches; a new window order and new masks every epoch
+    (token_weights: see mask_batch).
 
     Batch n is a pure function of (windows, seed, n), so a resumed run starts the stream at
     `start_batch` and sees exactly the batches an uninterrupted run would have: no iterator
@@ -155,6 +165,7 @@ def train_dataset(
     batches_per_epoch = num_windows // batch_size  # the remainder of each shuffled epoch is dropped
     first_epoch, first_offset = divmod(start_batch, batches_per_epoch)
     all_windows = tf.constant(windows)  # (num_windows, seq)
+    weights = None if token_weights is None else tf.constant(token_weights, tf.float32)  # (vocab,)
 
     def epoch(index: tf.Tensor) -> tf.data.Dataset:
         order = tf.random.experimental.stateless_shuffle(
@@ -167,7 +178,8 @@ def train_dataset(
 
     def masked(ids: tf.Tensor, number: tf.Tensor, index: tf.Tensor):
         mask_seed = tf.stack([tf.constant(seed + 1, tf.int64), index * batches_per_epoch + number])
-        masked = mask_batch(tf.gather(all_windows, ids), mask_seed, mask_rate, vocab_size, span=mask_span)
+        masked = mask_batch(tf.gather(all_windows, ids), mask_seed, mask_rate, vocab_size, span=mask_span,
+                            token_weights=weights)
         return split_targets(masked, keys)
 
     return (

