@@ -33,11 +33,11 @@ def pretrained(tmp_path_factory):
 
 
 # Every fine-tuning key at once (train.keep_best, train.layer_decay, model.pooling,
-# data.input_mask_rate), deterministic with dropout: the kept_best fixture stops a run with these
+# data.input_mask_rate, train.ema), deterministic with dropout: the kept_best fixture stops a run with these
 # same arguments, resumes it, and compares it with the finetuned fixture bit for bit (one
 # uninterrupted run serves both).
 FINE_TUNING = ["--set", "train.keep_best=true", "--set", "train.layer_decay=0.8", "--set", "model.pooling=mean",
-               "--set", "data.input_mask_rate=0.15",
+               "--set", "data.input_mask_rate=0.15", "--set", "train.ema=0.9",
                "--set", "train.steps=40", "--set", "train.eval_every=10", "--set", "train.deterministic=true",
                "--set", "model.dropout=0.1", "--set", "train.precision=fp32"]
 
@@ -205,6 +205,11 @@ def test_eval_and_predict_use_the_best_checkpoint_and_say_so(kept_best):
     assert scores["step"] == best["step"] and scores["accuracy"] == pytest.approx(best["value"], abs=1e-9)
     latest = json.loads(trainformer("eval", str(run_dir), "--json", "--checkpoint", "latest").stdout)
     assert latest["step"] == 40 and latest["checkpoint"].endswith("checkpoints/ckpt-40")
+    # train.ema: the evaluations (and best/) read the average, a latest checkpoint's model the
+    # trained weights themselves (the average resumes from its optimizer)
+    logged = {m["step"]: m["loss"] for m in read_metrics(run_dir) if m.get("split") == "valid"}
+    assert scores["loss"] == pytest.approx(logged[best["step"]], rel=1e-6)
+    assert abs(latest["loss"] - logged[40]) > 1e-4
     predicted = trainformer("predict", str(run_dir), "你好")
     assert said in predicted.stderr and json.loads(predicted.stdout)["text"] == "你好"
 

@@ -120,6 +120,10 @@ class TrainConfig:
     # x decay^(num_layers + 1), so the pretrained lower layers move least; 1.0: off
     layer_decay: float = 1.0
     clip_norm: float = 1.0
+    # an exponential moving average of the weights, with this decay per step (Polyak averaging;
+    # 0.99 averages over the last ~100 updates), is what evaluations and checkpoints/best read;
+    # training steps from the weights themselves, and the latest checkpoints hold both; 0: off
+    ema: float = 0.0
     precision: str = "auto"  # auto (bf16 where the hardware runs it fast, else fp32) | fp32 | bf16 | fp16 (mixed: fp32 variables, logits, softmax; fp16 with loss scaling)
     xla: str = "auto"  # auto (on for GPU, off on CPU where it measured slower) | on | off
     seed: int = 42
@@ -331,8 +335,9 @@ def validate(config: ExperimentConfig, origin: str) -> None:
         "model.dropout": (m.dropout, 0.0, 1.0), "data.valid_fraction": (d.valid_fraction, 0.0, 1.0),
         "data.mask_rate": (d.mask_rate, 0.0, 1.0), "data.test_fraction": (d.test_fraction, 0.0, 1.0),
         "train.label_smoothing": (t.label_smoothing, 0.0, 1.0), "data.input_mask_rate": (d.input_mask_rate, 0.0, 1.0),
+        "train.ema": (t.ema, 0.0, 1.0),
     }
-    may_be_zero = ("model.dropout", "data.test_fraction", "train.label_smoothing", "data.input_mask_rate")
+    may_be_zero = ("model.dropout", "data.test_fraction", "train.label_smoothing", "data.input_mask_rate", "train.ema")
     for key, (value, low, high) in ranges.items():
         if not low <= value < high or (key not in may_be_zero and value == 0):
             raise ConfigError(f"{origin}: {key}: must be in ({low}, {high}), got {value}")

@@ -37,7 +37,7 @@ def make_trainer(windows, tokenizer, dtype=None, **train):
     keras.utils.set_random_seed(7)
     strategy = tf.distribute.get_strategy()
     model = build_masked_lm(MODEL, tokenizer.vocab_size, SEQ, dtype=dtype)
-    optimizer = make_optimizer(config.learning_rate, 0, config.steps, config.weight_decay)
+    optimizer = make_optimizer(config.learning_rate, 0, config.steps, config.weight_decay, ema=config.ema)
     trainer = Trainer(model, optimizer, strategy, config, masked_lm_sums, "masked_accuracy")
     data = train_dataset(windows, config.batch_size, config.seed, 0.15, tokenizer.vocab_size)
     return trainer, iter(data)
@@ -259,6 +259,29 @@ ACCUMULATED = {"steps": 8, "accumulate": 2, "checkpoint_every": 4, "log_every": 
 
 def weights(trainer) -> list[np.ndarray]:
     return [v.numpy() for v in trainer.model.trainable_variables]
+
+
+def test_ema_evaluates_the_average_and_trains_on_the_weights(windows, tokenizer):
+    """train.ema: inside averaged_weights the model holds the moving average (a copy of the
+    weights after the first step, then avg = m * avg + (1 - m) * w), after it its trained
+    weights exactly: a run that looked at the average trains bitwise what one that never did."""
+    looked, iterator = make_trainer(windows, tokenizer, ema=0.9)
+    average = None
+    for _ in range(3):
+        looked.train_step(iterator)
+        now = weights(looked)
+        average = now if average is None else [0.9 * a + 0.1 * w for a, w in zip(average, now)]
+    with looked.averaged_weights():
+        for ours, expected in zip(weights(looked), average):
+            np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-7)
+        assert not all(np.array_equal(a, w) for a, w in zip(weights(looked), now))
+    for ours, trained in zip(weights(looked), now):
+        assert np.array_equal(ours, trained)
+    losses(looked, iterator, 2)
+    never, other = make_trainer(windows, tokenizer, ema=0.9)
+    losses(never, other, 5)
+    for ours, expected in zip(weights(looked), weights(never)):
+        assert np.array_equal(ours, expected)
 
 
 @pytest.fixture(scope="module")

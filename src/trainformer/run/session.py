@@ -49,7 +49,7 @@ def build_trainer(config: ExperimentConfig, task, strategy: tf.distribute.Strate
         # train.layer_decay (classify only, config.validate): the task knows its model's layers
         multipliers = task.learning_rate_multipliers(model) if t.layer_decay != 1.0 else None
         optimizer = make_optimizer(t.learning_rate, min(t.warmup_steps, t.steps), t.steps, t.weight_decay,
-                                   lr_multipliers=multipliers, schedule=t.schedule)
+                                   lr_multipliers=multipliers, schedule=t.schedule, ema=t.ema)
     return Trainer(model, optimizer, strategy, t, task.loss_sums, task.accuracy_name, task.shape_generic)
 
 
@@ -193,7 +193,10 @@ def fit(trainer: Trainer, task, strategy: tf.distribute.Strategy, monitor: Monit
                             f"restart them all to resume from the last checkpoint") from None
     if trainer.stopped_by:
         return None
-    return final or evaluate("valid")
+    if final:
+        return final
+    with trainer.averaged_weights():  # nothing left to train: what an eval would have read
+        return evaluate("valid")
 
 
 def finish(trainer: Trainer, task, run: RunDir, writes: RunDir, manifest: dict, final: dict | None, say,

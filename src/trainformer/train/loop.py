@@ -6,6 +6,7 @@ mid-epoch (DESIGN.md), so the loop is ours: step -> log -> eval -> checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -211,7 +212,7 @@ class Trainer:
                 monitor.log_train(step, self._interval_metrics(totals))
                 totals = {}
             if step % config.eval_every == 0 or last:
-                with monitor.not_training():
+                with monitor.not_training(), self.averaged_weights():
                     metrics = evaluate()
                     monitor.log_eval(step, metrics)
                     if on_eval:
@@ -223,6 +224,23 @@ class Trainer:
                 with monitor.not_training():
                     checkpoints.save(step)
         return metrics
+
+    @contextlib.contextmanager
+    def averaged_weights(self):
+        """With train.ema: the model holds the moving average of its weights inside (what an
+        evaluation and checkpoints/best read), its trained weights again after."""
+        if not self.optimizer.use_ema:
+            yield
+            return
+        variables = self.model.trainable_variables
+        trained = [tf.identity(v) for v in variables]
+        for variable, average in zip(variables, self.optimizer._model_variables_moving_average):
+            variable.assign(average)
+        try:
+            yield
+        finally:
+            for variable, value in zip(variables, trained):
+                variable.assign(value)
 
     def _agreed_stop(self, stop: StopRequest) -> str | None:
         """The signal that stops training before the next step. Workers agree on it (a worker

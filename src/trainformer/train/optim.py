@@ -108,13 +108,16 @@ class AdamW(keras.optimizers.AdamW):
 
 
 def make_optimizer(peak: float, warmup_steps: int, total_steps: int, weight_decay: float,
-                   lr_multipliers: dict[str, float] | None = None, schedule: str = "linear") -> AdamW:
+                   lr_multipliers: dict[str, float] | None = None, schedule: str = "linear", ema: float = 0.0) -> AdamW:
     """AdamW on the warmup-then-linear-decay schedule (or Cramming's triangle, which has no
-    warmup: TrainConfig.schedule); lr_multipliers: see AdamW."""
+    warmup: TrainConfig.schedule); lr_multipliers: see AdamW; ema > 0: the optimizer keeps a
+    moving average of the weights with that decay (Keras's own, in its variables: checkpointed
+    with it; its first step copies the weights, so the start is not biased toward zero)."""
     rate = Triangle(peak, total_steps) if schedule == "triangle" else WarmupLinearDecay(peak, warmup_steps, total_steps)
     optimizer = AdamW(
         learning_rate=rate,
         weight_decay=weight_decay, beta_1=0.9, beta_2=0.98, epsilon=1e-6, lr_multipliers=lr_multipliers,
+        use_ema=ema > 0, ema_momentum=ema or 0.99,
     )
     optimizer.exclude_from_weight_decay(var_names=NO_DECAY)
     return optimizer
