@@ -181,6 +181,7 @@ def test_invalid_choice_for_norm(tmp_path):
 @pytest.mark.parametrize("override, key", [
     ("train.steps=0", "train.steps"), ("model.dropout=1.0", "model.dropout"),
     ("data.seq_len=4", "data.seq_len"), ("train.warmup_steps=-1", "train.warmup_steps"),
+    ("train.minutes=-1", "train.minutes"),
     ("tokenizer.vocab_size=50", "tokenizer.vocab_size"), ("train.precision=fp8", "train.precision"),
     ("decode.strategy=sample", "decode.strategy"), ("decode.beam_size=0", "decode.beam_size"),
     ("decode.max_length=65", "decode.max_length"), ("train.label_smoothing=1.0", "train.label_smoothing"),

@@ -100,6 +100,10 @@ class TokenizerConfig:
 @dataclass
 class TrainConfig:
     steps: int = 4000  # optimizer updates
+    # a wall-clock budget instead (Cramming's): > 0 times this machine's step when a new run
+    # starts and sets steps to what fits in these minutes, written into the run's config.yaml
+    # (evaluations and checkpoints come on top); a resumed run keeps the steps it set
+    minutes: float = 0.0
     batch_size: int = 32  # windows (mlm) or texts (classify) per micro-batch; seq2seq uses batch_tokens
     batch_tokens: int = 4096  # seq2seq: padded source + target tokens per micro-batch (rows vary with length)
     label_smoothing: float = 0.0  # seq2seq: share of the target probability spread over the vocabulary
@@ -365,6 +369,8 @@ def validate(config: ExperimentConfig, origin: str) -> None:
         raise ConfigError(f"{origin}: decode.length_penalty: must be >= 0, got {config.decode.length_penalty}")
     if d.seq_len < 8:
         raise ConfigError(f"{origin}: data.seq_len: must be >= 8, got {d.seq_len}")
+    if t.minutes < 0:
+        raise ConfigError(f"{origin}: train.minutes: must be >= 0 (0: train.steps as given), got {t.minutes}")
     if t.warmup_steps < 0:  # more than train.steps is capped at train.steps (a short trial run)
         raise ConfigError(f"{origin}: train.warmup_steps: must be >= 0, got {t.warmup_steps}")
     if not -m.num_layers <= t.attention_layer < m.num_layers:

@@ -24,7 +24,7 @@ from trainformer.files import write_atomic
 # Keys that may change when a run is resumed: they extend or re-pace the run without changing
 # what any finished step computed. Everything else must match the run's config.yaml.
 RESUMABLE_CHANGES = {
-    "train.steps", "train.log_every", "train.eval_every", "train.checkpoint_every", "train.keep_checkpoints",
+    "train.steps", "train.minutes", "train.log_every", "train.eval_every", "train.checkpoint_every", "train.keep_checkpoints",
     "train.attention_layer",  # only what TensorBoard draws
     "train.on_nan", "train.strategy", "runtime.memory_growth", "runtime.cpu_devices",  # e.g. resume on other hardware
     "model.decoder_init",  # only how a new run starts: a resumed one has its decoder in its checkpoint
@@ -173,6 +173,9 @@ class RunDir:
                 stale.unlink(missing_ok=True)
             shutil.rmtree(self.logs_dir, ignore_errors=True)
         self.root.mkdir(parents=True, exist_ok=True)
+        self.write_config(config)
+
+    def write_config(self, config: ExperimentConfig) -> None:
         write_atomic(self.config_file, yaml.safe_dump(config.to_dict(), sort_keys=False, allow_unicode=True))
 
     def load_config(self) -> ExperimentConfig:

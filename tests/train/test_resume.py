@@ -12,6 +12,7 @@ import subprocess
 import numpy as np
 import pytest
 import tensorflow as tf
+import yaml
 from cli_helpers import TINY_NEWS, read_metrics, start, trainformer
 
 DETERMINISTIC = [
@@ -45,6 +46,21 @@ def test_two_deterministic_runs_with_xla_are_bitwise_equal(tmp_path, vocab_args)
     assert_bitwise_equal(final_state(tmp_path / "a"), final_state(tmp_path / "b"))
     a, earlier = final_state(tmp_path / "a"), final_state(tmp_path / "a", "ckpt-10")
     assert not all(np.array_equal(a[name], earlier[name]) for name in a)  # the comparison can fail
+
+
+def test_a_minutes_budget_sets_the_steps_once_and_trains_as_those_steps_would(tmp_path, vocab_args):
+    """train.minutes times the step on a throwaway copy and writes the steps that fit into
+    config.yaml; the run is then bitwise the one given those steps, and the same command
+    resumes it to that count, not to the recipe's train.steps."""
+    args = [*DETERMINISTIC, *vocab_args, "--set", "train.minutes=0.01"]
+    budget, pinned = tmp_path / "budget", tmp_path / "pinned"
+    first = trainformer("train", "--run-dir", str(budget), *args).stdout
+    steps = yaml.safe_load((budget / "config.yaml").read_text())["train"]["steps"]
+    assert steps != 20 and f"train.steps={steps:,}, in {budget / 'config.yaml'}" in first
+    trainformer("train", "--run-dir", str(pinned), *DETERMINISTIC, *vocab_args, "--set", f"train.steps={steps}")
+    assert_bitwise_equal(final_state(budget), final_state(pinned))
+    again = trainformer("train", "--run-dir", str(budget), *args).stdout
+    assert f"nothing left to train: step {steps} >= train.steps {steps}" in again
 
 
 @pytest.fixture(scope="module")

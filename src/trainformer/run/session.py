@@ -22,6 +22,7 @@ from trainformer.config import ExperimentConfig, long_windows
 from trainformer.data.pipeline import distribute
 from trainformer.errors import TrainingError, UserError
 from trainformer.run.attention import AttentionSnapshot, sentence_from_windows
+from trainformer.run.budget import PROBE_STEPS, needs_probe, seconds_per_step, steps_in, steps_set_at_start, with_steps
 from trainformer.run_dir import RunDir, environment, now
 from trainformer.tasks import task_for
 from trainformer.train.checkpoint import Checkpoints, read_best_record, restore_pretrained, weights_digest
@@ -76,11 +77,14 @@ def _train(config: ExperimentConfig, run: RunDir, source, writes: RunDir, strate
            say, out, exporter: PrometheusExporter | None) -> dict:
     """train, in the order a run needs: config, data, model and checkpoint, the summary, the loop."""
     chief = writes == run
+    given = steps_set_at_start(config, run)  # before prepare rewrites config.yaml
     if chief:
-        run.prepare(config)  # as given: a run with precision auto resolves it again where it resumes
-    config, precision_reason = resolved(config)
+        run.prepare(given)  # as given: a run with precision auto resolves it again where it resumes
+    config, precision_reason = resolved(given)
     set_up_process(config, strategy)
     task = prepare_task(config, run, source, strategy, chief, say)
+    if needs_probe(config, run):
+        config, task = steps_from_minutes(given, config, run, source, task, strategy, say)
     trainer = build_trainer(config, task, strategy)
     checkpoints, restored, trained_in = restore(config, run, writes, trainer, say)
     start_step = int(trainer.step.numpy())
@@ -96,8 +100,9 @@ def _train(config: ExperimentConfig, run: RunDir, source, writes: RunDir, strate
     if restored:
         say_resumed(say, monitor, config, restored, start_step, trained_in)
     if start_step >= config.train.steps:
+        minutes = " --set train.minutes=0" if config.train.minutes else ""  # else the budget's steps stand
         say(f"nothing left to train: step {start_step} >= train.steps {config.train.steps} "
-            f"(to train longer: {run.resume_command()} --set train.steps=N)")
+            f"(to train longer: {run.resume_command()}{minutes} --set train.steps=N)")
     started = time.perf_counter()
     final = fit(trainer, task, strategy, monitor, checkpoints, chief)
     monitor.close()
@@ -111,6 +116,25 @@ def set_up_process(config: ExperimentConfig, strategy: tf.distribute.Strategy) -
     if config.train.deterministic:
         # Deterministic kernels; our own jit_compile functions keep XLA (DESIGN.md).
         tf.config.experimental.enable_op_determinism()
+
+
+def steps_from_minutes(given: ExperimentConfig, config: ExperimentConfig, run: RunDir, source, task,
+                       strategy: tf.distribute.Strategy, say):
+    """(config, task) with train.steps set to what fits in train.minutes on this machine, timed
+    on a throwaway trainer (run/budget.py); config.yaml (the config as given) says so."""
+    if is_multi_worker(strategy):
+        raise UserError("train.minutes: each worker would time its own step and stop at its own count; "
+                        "give a cluster train.steps (and train.minutes=0)")
+    probe = build_trainer(config, task, strategy)
+    seconds = seconds_per_step(probe, iter(distribute(strategy, task.train_batches(0))))
+    steps = steps_in(config.train.minutes, seconds)
+    run.write_config(with_steps(given, steps))
+    say(f"train.minutes={config.train.minutes:g}: {seconds:.3f} s/step here ({PROBE_STEPS} steps timed on a "
+        f"throwaway copy) -> train.steps={steps:,}, in {run.config_file}")
+    config = with_steps(config, steps)
+    set_up_process(config, strategy)  # the probe drew from the seeds: start where a run given these steps does
+    # again, quietly: the task's data may depend on train.steps (data.long_seq_len's switch)
+    return config, prepare_task(config, run, source, strategy, True, lambda text: None)
 
 
 def prepare_task(config: ExperimentConfig, run: RunDir, source, strategy: tf.distribute.Strategy, chief: bool, say):

@@ -1,0 +1,53 @@
+"""`train.minutes`: a wall-clock budget for a run, turned into train.steps once, as it starts.
+
+The learning-rate schedule is laid out over train.steps from the first step (the warmup, the
+triangle's peak at 75%, the decay to 0), so a budget cannot be checked as the run goes. A new
+run times its own step on this machine instead: a throwaway copy of the model and optimizer
+takes PROBE_WARMUP untimed steps (the first traces the step function) and PROBE_STEPS timed
+ones on the run's own batches, and train.steps becomes what fits in the budget. The run then
+trains exactly as one given that train.steps would, bit for bit (session re-seeds after the
+probe), its config.yaml says how many, and a resumed run keeps the count it set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from trainformer.config import ExperimentConfig
+from trainformer.run_dir import RunDir
+
+PROBE_WARMUP = 3
+PROBE_STEPS = 20
+
+
+def with_steps(config: ExperimentConfig, steps: int) -> ExperimentConfig:
+    return dataclasses.replace(config, train=dataclasses.replace(config.train, steps=steps))
+
+
+def steps_set_at_start(config: ExperimentConfig, run: RunDir) -> ExperimentConfig:
+    """A resumed run with train.minutes trains to the steps it set when it started (its
+    config.yaml), whatever train.steps the recipe says: the schedule was laid out over those."""
+    if config.train.minutes and run.has_checkpoint():
+        return with_steps(config, run.load_config().train.steps)
+    return config
+
+
+def needs_probe(config: ExperimentConfig, run: RunDir) -> bool:
+    return bool(config.train.minutes) and not run.has_checkpoint()
+
+
+def seconds_per_step(trainer, batches) -> float:
+    """The mean wall time of a training step of trainer on batches, waited for (the loss comes
+    back to the host, as in the loop's per-step finiteness check), after the warm-up steps."""
+    for _ in range(PROBE_WARMUP):
+        trainer.train_step(batches)["loss_sum"].numpy()
+    started = time.perf_counter()
+    for _ in range(PROBE_STEPS):
+        trainer.train_step(batches)["loss_sum"].numpy()
+    return (time.perf_counter() - started) / PROBE_STEPS
+
+
+def steps_in(minutes: float, seconds: float) -> int:
+    """The steps of `seconds` each that fit in `minutes` (at least one)."""
+    return max(1, int(minutes * 60 / seconds))
