@@ -52,11 +52,12 @@ def test_a_minutes_budget_sets_the_steps_once_and_trains_as_those_steps_would(tm
     """train.minutes times the step on a throwaway copy and writes the steps that fit into
     config.yaml; the run is then bitwise the one given those steps, and the same command
     resumes it to that count, not to the recipe's train.steps."""
-    args = [*DETERMINISTIC, *vocab_args, "--set", "train.minutes=0.01"]
+    # train.steps=5000: what the budget replaces (0.6 s cannot hold 5,000 steps)
+    args = [*DETERMINISTIC, *vocab_args, "--set", "train.minutes=0.01", "--set", "train.steps=5000"]
     budget, pinned = tmp_path / "budget", tmp_path / "pinned"
     first = trainformer("train", "--run-dir", str(budget), *args).stdout
     steps = yaml.safe_load((budget / "config.yaml").read_text())["train"]["steps"]
-    assert steps != 20 and f"train.steps={steps:,}, in {budget / 'config.yaml'}" in first
+    assert steps < 5000 and f"train.steps={steps:,}, in {budget / 'config.yaml'}" in first
     trainformer("train", "--run-dir", str(pinned), *DETERMINISTIC, *vocab_args, "--set", f"train.steps={steps}")
     assert_bitwise_equal(final_state(budget), final_state(pinned))
     again = trainformer("train", "--run-dir", str(budget), *args).stdout
