@@ -20,10 +20,25 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import accuracy_score, f1_score
 
-from trainformer.data.labelled import load_labelled
+from trainformer.data.labelled import LabelledCorpus, load_labelled
 from trainformer.data.recipes import LABELLED
 
 GRID_C = (0.25, 1.0, 4.0, 16.0)
+
+
+def fit_on_train(corpus: LabelledCorpus, ngram_max: int = 3, min_df: int = 1):
+    """(vectorizer, model, C, valid accuracy): TF-IDF (vocabulary and idf from train only) and
+    the logistic regression whose C scored best on valid."""
+    vectorizer = TfidfVectorizer(analyzer="char", ngram_range=(1, ngram_max), min_df=min_df, sublinear_tf=True)
+    x_train = vectorizer.fit_transform(corpus.train.texts)
+    x_valid = vectorizer.transform(corpus.valid.texts)
+    best = None
+    for c in GRID_C:
+        model = LogisticRegression(C=c, max_iter=2000).fit(x_train, corpus.train.labels)
+        valid_accuracy = accuracy_score(corpus.valid.labels, model.predict(x_valid))
+        if best is None or valid_accuracy > best[3]:
+            best = (vectorizer, model, c, valid_accuracy)
+    return best
 
 
 def evaluate(corpus_name: str, valid_fraction: float, test_fraction: float, ngram_max: int = 3,
@@ -32,18 +47,8 @@ def evaluate(corpus_name: str, valid_fraction: float, test_fraction: float, ngra
     if not corpus.test:
         raise SystemExit(f"{corpus_name}: --test-fraction is 0, nothing to score on")
     start = time.perf_counter()
-    vectorizer = TfidfVectorizer(analyzer="char", ngram_range=(1, ngram_max), min_df=min_df, sublinear_tf=True)
-    x_train = vectorizer.fit_transform(corpus.train.texts)  # vocabulary and idf from train only
-    x_valid, x_test = vectorizer.transform(corpus.valid.texts), vectorizer.transform(corpus.test.texts)
-
-    best = None
-    for c in GRID_C:
-        model = LogisticRegression(C=c, max_iter=2000).fit(x_train, corpus.train.labels)
-        valid_accuracy = accuracy_score(corpus.valid.labels, model.predict(x_valid))
-        if best is None or valid_accuracy > best[0]:
-            best = (valid_accuracy, c, model)
-    valid_accuracy, c, model = best
-    predicted = model.predict(x_test)
+    vectorizer, model, c, valid_accuracy = fit_on_train(corpus, ngram_max, min_df)
+    predicted = model.predict(vectorizer.transform(corpus.test.texts))
 
     majority = Counter(corpus.train.labels).most_common(1)[0][0]
     return {
@@ -59,7 +64,7 @@ def evaluate(corpus_name: str, valid_fraction: float, test_fraction: float, ngra
                                       labels=range(len(corpus.labels)), zero_division=0),
         "ngrams": f"1-{ngram_max}",
         "C": c,
-        "features": x_train.shape[1],
+        "features": len(vectorizer.vocabulary_),
         "valid_accuracy": valid_accuracy,
         "test_accuracy": accuracy_score(corpus.test.labels, predicted),
         "test_macro_f1": f1_score(corpus.test.labels, predicted, average="macro",
