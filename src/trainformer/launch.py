@@ -26,6 +26,7 @@ from trainformer.quiet import debug_enabled
 GRACE_S = 10.0  # a stopped worker's time to exit after SIGTERM before it is killed
 POLL_S = 0.2
 PR_SET_PDEATHSIG = 1
+_OUTPUT = threading.Lock()  # one whole line at a time: the workers' relays and the launcher share `out`
 
 
 def free_ports(count: int) -> list[int]:
@@ -51,10 +52,17 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _write_line(out, line: str) -> None:
+    """Write one line whole. print() writes the text and its newline apart, and another thread's
+    line could land between them."""
+    with _OUTPUT:
+        out.write(line if line.endswith("\n") else line + "\n")
+        out.flush()
+
+
 def _relay(stream, prefix: str, out) -> None:
     for line in stream:
-        out.write(prefix + line)
-        out.flush()
+        _write_line(out, prefix + line)
 
 
 def launch(workers: int, command: list[str], out=sys.stdout, debug: bool | None = None) -> int:
@@ -82,8 +90,8 @@ def launch(workers: int, command: list[str], out=sys.stdout, debug: bool | None 
         prefix = "" if index == 0 else f"[worker {index}] "
         threading.Thread(target=_relay, args=(process.stdout, prefix, out), daemon=True).start()
         processes.append(process)
-    print(f"launch: {workers} workers on 127.0.0.1 ports {', '.join(map(str, ports))} "
-          f"(pids {', '.join(str(p.pid) for p in processes)})", file=out, flush=True)
+    _write_line(out, f"launch: {workers} workers on 127.0.0.1 ports {', '.join(map(str, ports))} "
+                     f"(pids {', '.join(str(p.pid) for p in processes)})")
     return _supervise(processes, out)
 
 
@@ -99,7 +107,7 @@ def _supervise(processes: list[subprocess.Popen], out) -> int:
             if failed:
                 index, code = failed[0]
                 how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
-                print(f"launch: worker {index} {how}; stopping the others", file=out, flush=True)
+                _write_line(out, f"launch: worker {index} {how}; stopping the others")
                 _stop(processes)
                 return code if code > 0 else 128 - code  # killed by signal N: 128 + N, as a shell says
             if all(code == 0 for code in codes):
