@@ -70,13 +70,18 @@ def wait_until(condition, timeout: float) -> bool:
     return True
 
 
+def worker_script(tmp_path):
+    worker = tmp_path / "worker"
+    worker.write_text(WORKER.format(python=sys.executable))
+    worker.chmod(0o755)
+    return worker
+
+
 class Launcher:
     """The stand-in `trainformer launch` process and its output lines, read in a thread."""
 
     def __init__(self, tmp_path, mode: str = "", grace_s: float = 10.0):
-        worker = tmp_path / "worker"
-        worker.write_text(WORKER.format(python=sys.executable))
-        worker.chmod(0o755)
+        worker = worker_script(tmp_path)
         env = {**os.environ, "FAKE_WORKER": mode, "FAKE_READY": str(tmp_path / "ready")}
         self.process = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(worker), str(grace_s)], env=env,
                                         text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -170,6 +175,36 @@ def test_a_failed_worker_stops_the_others_with_sigkill_after_the_grace_period(st
     assert launcher.process.returncode == 3  # the failed worker's status
     assert 1.0 < waited < 5.0, waited  # ~GRACE_S: SIGTERM was ignored, SIGKILL ended it
     assert not alive(pids[1])
+
+
+class Recorder:
+    """An output stream that keeps each write() apart and yields the GIL after each, as a
+    terminal's slower writes would, so a line written in two calls can be interleaved."""
+
+    def __init__(self):
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> None:
+        self.writes.append(text)
+        time.sleep(0.001)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_every_output_line_is_written_whole(tmp_path, monkeypatch):
+    """The launcher's own lines and the workers' relayed lines share one stream from several
+    threads: a line written in two calls (print writes its newline apart) can have another
+    thread's line land in the middle."""
+    monkeypatch.setattr(launch, "GRACE_S", 0.5)
+    monkeypatch.setattr(sys, "executable", str(worker_script(tmp_path)))
+    monkeypatch.setenv("FAKE_WORKER", "fail")
+    monkeypatch.setenv("FAKE_READY", str(tmp_path / "ready"))
+    out = Recorder()
+    assert launch.launch(2, ["train"], out=out) == 3
+    assert wait_until(lambda: sum("ready" in text for text in out.writes) == 2, timeout=5), out.writes
+    assert [text for text in out.writes if not (text.endswith("\n") and text.count("\n") == 1)] == []
+    assert any(text.startswith("launch: 2 workers") for text in out.writes)
 
 
 def python(code: str) -> subprocess.Popen:
