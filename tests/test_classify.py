@@ -13,6 +13,7 @@ import tensorflow as tf
 from cli_helpers import ENV, TINY, read_metrics, stop_after_line, trainformer
 
 from trainformer.config import load_config
+from trainformer.data.labelled import load_labelled
 from trainformer.model.heads import build_classifier, build_masked_lm
 from trainformer.run.inference import load_run
 from trainformer.run_dir import RunDir, resolve_train_config
@@ -161,6 +162,43 @@ def test_restore_pretrained_loads_the_encoder_and_leaves_the_head(tmp_path):
         np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
     for before, after in zip(head_before, classifier.head.weights):
         np.testing.assert_array_equal(before, after.numpy())
+
+
+# --- train.distill_from: a student of the finetuned run -------------------------------------------
+
+def test_a_student_trains_on_its_teachers_probabilities_and_resumes_from_the_cache(finetuned, pretrained, tmp_path):
+    teacher, student = finetuned[0], tmp_path / "student"
+    args = [*TINY, *INTENTS, "--set", f"model.init_from={pretrained}", "--set", f"train.distill_from={teacher}"]
+    stdout = trainformer("train", "--run-dir", str(student), *args, "--set", "train.steps=10").stdout
+    best = json.loads((teacher / "checkpoints" / "best.json").read_text())["step"]
+    assert f"teacher: {teacher} (step {best}) agrees with " in stdout and "% of the 695 training labels" in stdout
+    assert "the loss reads the teachers' probabilities, not the labels" in stdout
+    with np.load(student / "cache" / "teachers.npz") as arrays:
+        probabilities = arrays["probabilities"]  # (695, 17), rows in the train split's order
+    # the rows are the teacher's answers to the train split's texts, in order (asked here through
+    # predict's own path: the texts tokenized in its graph, one at a time)
+    corpus = load_labelled("chatterbot-zh-intents", 0.1, 0.1)
+    answers = [json.loads(line) for line in trainformer("predict", str(teacher), *corpus.train.texts[:3]).stdout
+               .splitlines()]
+    for row, answer in zip(probabilities, answers):
+        np.testing.assert_allclose(row, [answer["probabilities"][label] for label in corpus.labels], atol=1e-5)
+    resumed = trainformer("train", "--run-dir", str(student), "--set", "train.steps=12").stdout
+    assert "teacher:" not in resumed and "the loss reads the teachers' probabilities" in resumed
+
+
+def test_a_teacher_of_other_data_or_another_task_is_refused_before_anything_is_written(finetuned, pretrained,
+                                                                                      tmp_path):
+    """A teacher fine-tuned on another split may have trained on this run's valid and test texts."""
+    refusals = {str(pretrained): f"train.distill_from: {pretrained} is a mlm run; a teacher is a classify run",
+                str(tmp_path): f"train.distill_from: {tmp_path}: not a run with a checkpoint"}
+    for teacher, said in refusals.items():
+        result = trainformer("train", "--run-dir", str(tmp_path / "student"), *TINY, *INTENTS,
+                             "--set", f"train.distill_from={teacher}", check=False)
+        assert result.returncode == 2 and said in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    result = trainformer("train", "--run-dir", str(tmp_path / "student"), *TINY, *INTENTS,
+                         "--set", "data.test_fraction=0.2", "--set", f"train.distill_from={finetuned[0]}", check=False)
+    assert result.returncode == 2 and "was fine-tuned on other data (fingerprint" in result.stderr
+    assert not (tmp_path / "student").exists()
 
 
 # --- the fine-tuning keys: train.keep_best, train.layer_decay, model.pooling ---------------------

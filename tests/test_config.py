@@ -199,6 +199,7 @@ def test_impossible_values_name_the_key(override, key):
     (["task.type=classify", "model.pooling=max"], "model.pooling: 'max' is not one of cls, mean"),
     (["model.pooling=mean"], "model.pooling: mean pools for a classifier's head; a mlm run"),
     (["data.input_mask_rate=0.1"], "data.input_mask_rate: hides a classifier's input tokens; a mlm run"),
+    (["train.distill_from=runs/teacher"], "train.distill_from: teaches a classifier from others' probabilities; a mlm run"),
     (["task.type=classify", "data.input_mask_rate=1"], "data.input_mask_rate: must be in (0.0, 1.0)"),
 ])
 def test_fine_tuning_keys_are_checked(overrides, message):

@@ -128,6 +128,11 @@ class TrainConfig:
     # 0.99 averages over the last ~100 updates), is what evaluations and checkpoints/best read;
     # training steps from the weights themselves, and the latest checkpoints hold both; 0: off
     ema: float = 0.0
+    # classify: run directories (comma-separated) of classifiers fine-tuned on the same split, the
+    # teachers: the loss is the cross-entropy against the mean of their probabilities for each
+    # training text instead of its label (knowledge distillation, Hinton et al. 2015), computed
+    # once from the checkpoint eval scores in each and kept in the run's cache; "": the labels
+    distill_from: str = ""
     precision: str = "auto"  # auto (bf16 where the hardware runs it fast, else fp32) | fp32 | bf16 | fp16 (mixed: fp32 variables, logits, softmax; fp16 with loss scaling)
     xla: str = "auto"  # auto (on for GPU, off on CPU where it measured slower) | on | off
     seed: int = 42
@@ -418,6 +423,11 @@ def long_windows(config: ExperimentConfig) -> tuple[int, int] | None:
     return first_step * t.accumulate, t.batch_size * d.seq_len // d.long_seq_len
 
 
+def teachers(config: ExperimentConfig) -> list[str]:
+    """train.distill_from's run directories, in the order given."""
+    return [part.strip() for part in config.train.distill_from.split(",") if part.strip()]
+
+
 def _validate_classify_only(config: ExperimentConfig, origin: str) -> None:
     """Fine-tuning keys that only a classifier has a use for: elsewhere they would do nothing
     (or, for layer_decay on a model without its encoder-and-head layout, the wrong thing)."""
@@ -431,6 +441,9 @@ def _validate_classify_only(config: ExperimentConfig, origin: str) -> None:
     if config.model.pooling != "cls" and kind != "classify":
         raise ConfigError(f"{origin}: model.pooling: {config.model.pooling} pools for a classifier's head; a "
                           f"{kind} run has none (leave it at cls)")
+    if t.distill_from and kind != "classify":
+        raise ConfigError(f"{origin}: train.distill_from: teaches a classifier from others' probabilities; a "
+                          f"{kind} run has no labels to replace (leave it empty)")
     if config.data.input_mask_rate and kind != "classify":
         raise ConfigError(f"{origin}: data.input_mask_rate: hides a classifier's input tokens; a {kind} run "
                           f"masks by data.mask_rate (leave it at 0)")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from trainformer.config import DEFAULT_CONFIG, ExperimentConfig, load_config, load_config_naming, validate
+from trainformer.config import DEFAULT_CONFIG, ExperimentConfig, load_config, load_config_naming, teachers, validate
 from trainformer.errors import UserError
 from trainformer.files import write_atomic
 
@@ -103,6 +103,27 @@ class RunDir:
                 f"documents, fingerprint {data.get('fingerprint', '?')[:12]} -> {fingerprint[:12]}); a run "
                 f"trains on one corpus: restore it, or start a new run with another --run-dir"
             )
+
+    def check_teachers(self, config: ExperimentConfig, fingerprint: str, labels: list[str]) -> None:
+        """train.distill_from's runs: classifiers with a checkpoint, fine-tuned on this run's
+        split (a teacher that trained on its valid or test texts would leak them into its
+        answers) and with its labels."""
+        for teacher in map(RunDir, map(Path, teachers(config))):
+            if not teacher.config_file.is_file() or not teacher.has_checkpoint():
+                raise UserError(f"train.distill_from: {teacher.root}: not a run with a checkpoint (fine-tune a "
+                                f"classifier there first)")
+            kind = teacher.load_config().task.type
+            if kind != "classify":
+                raise UserError(f"train.distill_from: {teacher.root} is a {kind} run; a teacher is a classify run")
+            data = teacher.read_manifest().get("data", {})
+            if data.get("fingerprint") != fingerprint:
+                raise UserError(f"train.distill_from: {teacher.root} was fine-tuned on other data (fingerprint "
+                                f"{str(data.get('fingerprint'))[:12]}) than this run's ({fingerprint[:12]}): it may "
+                                f"have trained on texts this run validates and tests on; teach with runs of the same "
+                                f"data.corpus, valid_fraction and test_fraction")
+            if sorted(data.get("labels", [])) != sorted(labels):
+                raise UserError(f"train.distill_from: {teacher.root} answers with the labels {data.get('labels')}, "
+                                f"this run's are {labels}")
 
     def check_init_from(self, config: ExperimentConfig) -> None:
         """This run's config against the run it would start from (model.init_from): the

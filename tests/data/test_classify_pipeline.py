@@ -1,9 +1,12 @@
 """classify_pipeline's training stream with data.input_mask_rate: which tokens it hides, and
-that batch n stays a pure function of (seed, n), so a resumed run reads the same batches."""
+that batch n stays a pure function of (seed, n), so a resumed run reads the same batches; with
+teachers' probabilities, that each row gets its own text's."""
 
 import numpy as np
+import tensorflow as tf
 
 from trainformer.data.classify_pipeline import eval_batches, train_dataset
+from trainformer.tasks.classify import classify_sums
 from trainformer.tokens import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID
 
 RATE = 0.3
@@ -58,3 +61,28 @@ def test_eval_batches_read_whole_texts():
     examples = framed_examples()
     ids = np.concatenate([inputs["token_ids"].numpy().ravel() for inputs, _ in eval_batches(examples, 8, 32)])
     assert not np.any(ids == MASK_ID)
+
+
+def test_each_row_carries_the_teachers_probabilities_of_its_own_text():
+    """Soft targets that name their text: a row's first probability is its length / 100, so a
+    gather that took another row's (the stream shuffles and sorts by length) would show."""
+    examples = framed_examples()
+    first = examples["lengths"] / 100
+    examples["soft"] = np.stack([first, 1 - first], axis=1).astype(np.float32)  # (examples, 2)
+    stream = train_dataset(examples, 8, seed=5, seq_len=64).take(6)
+    for inputs, targets in stream:
+        lengths = np.sum(inputs["token_ids"].numpy() != PAD_ID, axis=1)
+        np.testing.assert_allclose(targets["soft"].numpy()[:, 0], lengths / 100, rtol=1e-6)
+
+
+def test_the_loss_is_the_cross_entropy_against_the_soft_targets_when_there_are_some():
+    logits = tf.constant([[2.0, -1.0], [0.5, 0.0], [-1.0, 1.0]])
+    labels = tf.constant([0, 1, 1])
+    soft = tf.constant([[0.9, 0.1], [0.3, 0.7], [0.5, 0.5]])
+    log_p = tf.nn.log_softmax(logits).numpy()
+    taught = classify_sums(logits, {"labels": labels, "soft": soft})
+    np.testing.assert_allclose(float(taught["loss_sum"]), -np.sum(soft.numpy() * log_p), rtol=1e-6)
+    hard = classify_sums(logits, {"labels": labels})
+    np.testing.assert_allclose(float(hard["loss_sum"]), -sum(log_p[i, label] for i, label in enumerate([0, 1, 1])),
+                               rtol=1e-6)
+    assert float(taught["correct"]) == float(hard["correct"]) == 2  # accuracy counts the labels either way

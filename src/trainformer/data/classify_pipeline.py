@@ -134,12 +134,15 @@ def train_dataset(examples: dict[str, np.ndarray], batch_size: int, seed: int, s
                   start_batch: int = 0, mask_rate: float = 0.0) -> tf.data.Dataset:
     """An endless stream of length-bucketed (inputs, targets) batches from batch start_batch on,
     from cached_encode's arrays; mask_rate > 0 hides that share of each batch's tokens (see
-    hide_tokens), a draw that is a pure function of (seed, batch number) like the order."""
+    hide_tokens), a draw that is a pure function of (seed, batch number) like the order. With
+    examples["soft"] (examples, labels), the teachers' probabilities (train.distill_from), the
+    targets carry each row's as "soft" (batch, labels) beside its label."""
     lengths = examples["lengths"]
     if len(lengths) < batch_size:
         raise ValueError(f"{len(lengths)} training examples are fewer than one batch of {batch_size}")
     ragged = tf.RaggedTensor.from_row_lengths(examples["flat"], lengths)
     labels = tf.constant(examples["labels"], tf.int32)
+    soft = tf.constant(examples["soft"], tf.float32) if "soft" in examples else None  # (examples, labels)
     batches = tf.data.Dataset.from_generator(
         lambda: batch_numbers(lengths, batch_size, seed, start_batch),
         output_signature=tf.TensorSpec([batch_size], tf.int64),
@@ -147,6 +150,8 @@ def train_dataset(examples: dict[str, np.ndarray], batch_size: int, seed: int, s
 
     def batch(number: tf.Tensor, indices: tf.Tensor):
         inputs, targets = gather_batch(ragged, labels, indices, seq_len)
+        if soft is not None:
+            targets = {**targets, "soft": tf.gather(soft, indices)}
         if mask_rate:
             mask_seed = tf.stack([tf.constant(seed + 1, tf.int64), number])
             inputs = {**inputs, "token_ids": hide_tokens(inputs["token_ids"], mask_seed, mask_rate)}
@@ -161,6 +166,11 @@ def eval_batches(examples: dict[str, np.ndarray], batch_size: int, seq_len: int)
     so every eval of a run scores the same thing."""
     ragged = tf.RaggedTensor.from_row_lengths(examples["flat"], examples["lengths"])
     labels = tf.constant(examples["labels"], tf.int32)
-    order = np.argsort(examples["lengths"], kind="stable")
+    order = length_order(examples["lengths"])
     return [gather_batch(ragged, labels, tf.constant(order[start : start + batch_size]), seq_len)
             for start in range(0, len(order), batch_size)]
+
+
+def length_order(lengths: np.ndarray) -> np.ndarray:
+    """The order eval_batches reads examples in: shortest first."""
+    return np.argsort(lengths, kind="stable")

@@ -23,6 +23,7 @@ from trainformer.data.pipeline import distribute
 from trainformer.errors import TrainingError, UserError
 from trainformer.run.attention import AttentionSnapshot, sentence_from_windows
 from trainformer.run.budget import PROBE_STEPS, needs_probe, seconds_per_step, steps_in, steps_set_at_start, with_steps
+from trainformer.run.teachers import teacher_probabilities
 from trainformer.run_dir import RunDir, environment, now
 from trainformer.tasks import task_for
 from trainformer.train.checkpoint import Checkpoints, read_best_record, restore_pretrained, weights_digest
@@ -143,10 +144,20 @@ def prepare_task(config: ExperimentConfig, run: RunDir, source, strategy: tf.dis
     task = task_for(config)
     if chief:
         task.prepare(run, source, say)
+        learn_from_teachers(config, run, task, say, write=True)
     barrier(strategy)
     if not chief:
         task.prepare(run, source, say, may_create_vocabulary=False)
+        learn_from_teachers(config, run, task, say, write=False)
     return task
+
+
+def learn_from_teachers(config: ExperimentConfig, run: RunDir, task, say, write: bool) -> None:
+    """train.distill_from: the task trains on its teachers' probabilities instead of its labels."""
+    if not config.train.distill_from:
+        return
+    task.learn_from(teacher_probabilities(config, run, task, say, write))
+    keras.utils.set_random_seed(config.train.seed)  # building the teachers drew from the seeds: start afresh
 
 
 def restore(config: ExperimentConfig, run: RunDir, writes: RunDir, trainer: Trainer, say):

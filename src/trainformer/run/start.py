@@ -42,6 +42,8 @@ def start_training(config: ExperimentConfig, run: RunDir, metrics_port: int | No
     source = load_source(config)
     if chief:
         run.check_same_data(source.source, source.fingerprint, source.num_examples)
+        if config.train.distill_from and not run.has_checkpoint():  # a resumed run has its teachers' answers
+            run.check_teachers(config, source.fingerprint, list(source.labels))
     with contextlib.ExitStack() as stack:
         exporter = None
         if metrics_port and chief:

@@ -10,7 +10,15 @@ import tensorflow as tf
 from PIL import Image, ImageDraw
 
 from trainformer.config import ExperimentConfig
-from trainformer.data.classify_pipeline import cache_file, cached_encode, eval_batches, load_cached, train_dataset
+from trainformer.data.classify_pipeline import (
+    cache_file,
+    cached_encode,
+    encode,
+    eval_batches,
+    length_order,
+    load_cached,
+    train_dataset,
+)
 from trainformer.data.labelled import LabelledCorpus
 from trainformer.data.tokenizer import Tokenizer, frame
 from trainformer.errors import UserError
@@ -28,9 +36,15 @@ LABELS_FILE = "labels.json"
 
 
 def classify_sums(logits: tf.Tensor, targets: dict) -> dict[str, tf.Tensor]:
-    """Cross-entropy and accuracy summed over the rows. logits: (batch, labels) float32."""
+    """Cross-entropy and accuracy summed over the rows. logits: (batch, labels) float32. The
+    cross-entropy is against the labels, or against targets["soft"] (batch, labels), the
+    teachers' probabilities, where a distilled run's training batches carry them; accuracy
+    always counts the labels."""
     labels = targets["labels"]  # (batch,)
-    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+    if "soft" in targets:
+        losses = tf.nn.softmax_cross_entropy_with_logits(targets["soft"], logits)
+    else:
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
     hits = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels), tf.float32)
     return {"loss_sum": tf.reduce_sum(losses), "correct": tf.reduce_sum(hits),
             "count": tf.cast(tf.shape(labels)[0], tf.float32)}
@@ -107,6 +121,26 @@ class ClassifyTask:
         self.examples = {split: load_cached(path) for split, path in files.items()}
         return True
 
+    def learn_from(self, probabilities: np.ndarray) -> None:
+        """Train on teachers' probabilities (examples, labels), one row per training text in
+        its order, instead of the labels (train.distill_from)."""
+        expected = (len(self.examples["train"]["labels"]), len(self.labels))
+        if probabilities.shape != expected:
+            raise ValueError(f"teachers' probabilities of shape {probabilities.shape}, expected {expected}")
+        self.examples["train"] = {**self.examples["train"], "soft": probabilities.astype(np.float32)}
+
+    def probabilities(self, model: keras.Model, texts: list[str]) -> np.ndarray:
+        """(texts, labels) float32: the model's probabilities of each label, in self.labels'
+        order, read in batches of similar length."""
+        flat, lengths = encode(self.tokenizer, texts, self.config.data.seq_len)
+        examples = {"flat": flat, "lengths": lengths, "labels": np.zeros(len(lengths), np.int32)}
+        logits_of = tf.function(lambda inputs: model(inputs, training=False), reduce_retracing=True)
+        batches = eval_batches(examples, self.config.train.batch_size, self.config.data.seq_len)
+        read = np.concatenate([tf.nn.softmax(tf.cast(logits_of(inputs), tf.float32)).numpy() for inputs, _ in batches])
+        in_order = np.empty_like(read)
+        in_order[length_order(lengths)] = read  # row i of read is the i-th shortest text
+        return in_order
+
     @property
     def majority(self) -> int:
         """The most frequent training label: the baseline that always answers it."""
@@ -173,8 +207,10 @@ class ClassifyTask:
         accumulate = f" x {t.accumulate} accumulated" if t.accumulate > 1 else ""
         sizes = " / ".join(f"{len(self.examples[split]['lengths']):,} {split}" for split in SPLITS)
         pooling = "; the head pools the mean of the tokens" if self.config.model.pooling == "mean" else ""
+        distilled = "soft" in self.examples["train"]
+        taught = "; the loss reads the teachers' probabilities, not the labels" if distilled else ""
         return [f"examples: {sizes}, {len(self.labels)} labels, up to {self.config.data.seq_len} tokens "
-                f"(length-bucketed batches); batch {t.batch_size}{accumulate}{pooling}"]
+                f"(length-bucketed batches); batch {t.batch_size}{accumulate}{pooling}{taught}"]
 
     @staticmethod
     def result_lines(final: dict) -> list[str]:
