@@ -324,3 +324,12 @@ def test_the_keys_a_config_names_are_those_of_its_file_its_bases_and_set(tmp_pat
     assert load_config_naming(None, ["train.steps=5"])[1] == {"train.steps"}
     assert "model.d_model" in load_config_naming("zh-bert-tiny")[1]  # named by a built-in asked for
     assert "model.d_model" not in load_config_naming("zh-sentiment")[1]  # fine-tunes take the source's
+
+
+def test_a_step_count_set_on_the_command_line_beats_the_recipes_minutes():
+    """zh-bert-small fills 40 minutes; --set train.steps=N asks for N steps, not the budget's."""
+    assert load_config("zh-bert-small").train.minutes == 40
+    steps_only = load_config("zh-bert-small", ["train.steps=8000"]).train
+    assert (steps_only.steps, steps_only.minutes) == (8000, 0.0)
+    both = load_config("zh-bert-small", ["train.steps=8000", "train.minutes=10"]).train
+    assert (both.steps, both.minutes) == (8000, 10.0)

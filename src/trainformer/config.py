@@ -228,8 +228,10 @@ def load_config_naming(source: str | None = None,
     config, origin, named = _load_source(source or DEFAULT_CONFIG, seen=())
     for item in overrides:
         apply_override(config, item)
-    validate(config, origin + (" with --set" if overrides else ""))
     given = {_split_override(item)[0] for item in overrides}
+    if "train.steps" in given and "train.minutes" not in given:
+        config.train.minutes = 0.0  # a step count asked for on the command line beats a file's budget
+    validate(config, origin + (" with --set" if overrides else ""))
     return config, frozenset(given | (named if source is not None else set()))
 
 

@@ -101,9 +101,8 @@ def _train(config: ExperimentConfig, run: RunDir, source, writes: RunDir, strate
     if restored:
         say_resumed(say, monitor, config, restored, start_step, trained_in)
     if start_step >= config.train.steps:
-        minutes = " --set train.minutes=0" if config.train.minutes else ""  # else the budget's steps stand
         say(f"nothing left to train: step {start_step} >= train.steps {config.train.steps} "
-            f"(to train longer: {run.resume_command()}{minutes} --set train.steps=N)")
+            f"(to train longer: {run.resume_command()} --set train.steps=N)")
     started = time.perf_counter()
     final = fit(trainer, task, strategy, monitor, checkpoints, chief)
     monitor.close()
