@@ -34,11 +34,11 @@ def pretrained(tmp_path_factory):
 
 
 # Every fine-tuning key at once (train.keep_best, train.layer_decay, model.pooling,
-# data.input_mask_rate, train.ema), deterministic with dropout: the kept_best fixture stops a run with these
+# data.input_mask_rate, train.ema, train.rdrop), deterministic with dropout: the kept_best fixture stops a run with these
 # same arguments, resumes it, and compares it with the finetuned fixture bit for bit (one
 # uninterrupted run serves both).
 FINE_TUNING = ["--set", "train.keep_best=true", "--set", "train.layer_decay=0.8", "--set", "model.pooling=mean",
-               "--set", "data.input_mask_rate=0.15", "--set", "train.ema=0.9",
+               "--set", "data.input_mask_rate=0.15", "--set", "train.ema=0.9", "--set", "train.rdrop=1",
                "--set", "train.steps=40", "--set", "train.eval_every=10", "--set", "train.deterministic=true",
                "--set", "model.dropout=0.1", "--set", "train.precision=fp32"]
 
@@ -221,6 +221,7 @@ def test_keep_best_keeps_the_best_valid_accuracy_across_a_resume(kept_best):
     run_dir, first, resumed = kept_best
     assert "layer decay 0.8: learning rate x1 for the head, x0.8 for the top block" in first
     assert "best checkpoint: by valid accuracy" in first and "the head pools the mean of the tokens" in first
+    assert "R-Drop: each text twice, weight 1" in first
     accuracies = valid_accuracies(run_dir)
     assert sorted(accuracies) == [10, 20, 30, 40]  # both segments'
     best_step = max(accuracies, key=accuracies.get)  # the first of equals: a tie does not replace it

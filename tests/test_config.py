@@ -201,6 +201,10 @@ def test_impossible_values_name_the_key(override, key):
     (["data.input_mask_rate=0.1"], "data.input_mask_rate: hides a classifier's input tokens; a mlm run"),
     (["train.distill_from=runs/teacher"], "train.distill_from: teaches a classifier from others' probabilities; a mlm run"),
     (["task.type=classify", "data.input_mask_rate=1"], "data.input_mask_rate: must be in (0.0, 1.0)"),
+    (["task.type=classify", "train.rdrop=-1"], "train.rdrop: must be >= 0"),
+    (["train.rdrop=1"], "train.rdrop: compares a classifier's two predictions of each text; a mlm run"),
+    (["task.type=classify", "train.rdrop=1", "model.dropout=0"], "train.rdrop: compares two dropout draws, and "
+                                                                  "model.dropout is 0"),
 ])
 def test_fine_tuning_keys_are_checked(overrides, message):
     assert message in error_of(None, overrides)

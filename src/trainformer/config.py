@@ -133,6 +133,10 @@ class TrainConfig:
     # training text instead of its label (knowledge distillation, Hinton et al. 2015), computed
     # once from the checkpoint eval scores in each and kept in the run's cache; "": the labels
     distill_from: str = ""
+    # classify: R-Drop (Liang et al. 2021): each training text passes twice, under two dropout
+    # draws, and the loss adds this weight times the symmetric KL divergence of the two
+    # predictions, so the head cannot lean on any one draw; twice the step's work; 0: off
+    rdrop: float = 0.0
     precision: str = "auto"  # auto (bf16 where the hardware runs it fast, else fp32) | fp32 | bf16 | fp16 (mixed: fp32 variables, logits, softmax; fp16 with loss scaling)
     xla: str = "auto"  # auto (on for GPU, off on CPU where it measured slower) | on | off
     seed: int = 42
@@ -446,6 +450,14 @@ def _validate_classify_only(config: ExperimentConfig, origin: str) -> None:
     if t.distill_from and kind != "classify":
         raise ConfigError(f"{origin}: train.distill_from: teaches a classifier from others' probabilities; a "
                           f"{kind} run has no labels to replace (leave it empty)")
+    if t.rdrop < 0:
+        raise ConfigError(f"{origin}: train.rdrop: must be >= 0 (0: off), got {t.rdrop}")
+    if t.rdrop and kind != "classify":
+        raise ConfigError(f"{origin}: train.rdrop: compares a classifier's two predictions of each text; a "
+                          f"{kind} run has none (leave it at 0)")
+    if t.rdrop and not config.model.dropout:
+        raise ConfigError(f"{origin}: train.rdrop: compares two dropout draws, and model.dropout is 0: the two "
+                          f"predictions would be the same (set model.dropout, e.g. 0.1, or train.rdrop=0)")
     if config.data.input_mask_rate and kind != "classify":
         raise ConfigError(f"{origin}: data.input_mask_rate: hides a classifier's input tokens; a {kind} run "
                           f"masks by data.mask_rate (leave it at 0)")

@@ -1,12 +1,13 @@
 """classify_pipeline's training stream with data.input_mask_rate: which tokens it hides, and
 that batch n stays a pure function of (seed, n), so a resumed run reads the same batches; with
-teachers' probabilities, that each row gets its own text's."""
+teachers' probabilities, that each row gets its own text's; under R-Drop, that each text comes
+twice side by side and the loss compares the pair's predictions."""
 
 import numpy as np
 import tensorflow as tf
 
 from trainformer.data.classify_pipeline import eval_batches, train_dataset
-from trainformer.tasks.classify import classify_sums
+from trainformer.tasks.classify import classify_sums, rdrop_sums
 from trainformer.tokens import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID
 
 RATE = 0.3
@@ -86,3 +87,28 @@ def test_the_loss_is_the_cross_entropy_against_the_soft_targets_when_there_are_s
     np.testing.assert_allclose(float(hard["loss_sum"]), -sum(log_p[i, label] for i, label in enumerate([0, 1, 1])),
                                rtol=1e-6)
     assert float(taught["correct"]) == float(hard["correct"]) == 2  # accuracy counts the labels either way
+
+
+def test_under_rdrop_each_text_comes_twice_side_by_side_in_the_batch_it_came_in_once():
+    examples = framed_examples()
+    once = train_dataset(examples, 8, seed=5, seq_len=64).take(4)
+    twice = train_dataset(examples, 8, seed=5, seq_len=64, twice=True).take(4)
+    for (inputs, targets), (paired, paired_targets) in zip(once, twice):
+        ids, doubled = inputs["token_ids"].numpy(), paired["token_ids"].numpy()  # (8, L), (16, L)
+        np.testing.assert_array_equal(doubled[0::2], ids)
+        np.testing.assert_array_equal(doubled[1::2], ids)
+        np.testing.assert_array_equal(paired_targets["labels"].numpy()[1::2], targets["labels"].numpy())
+        assert paired_targets["paired"].shape == [16] and "paired" not in targets
+
+
+def test_the_rdrop_loss_adds_the_symmetric_kl_of_each_pair_and_leaves_eval_batches_alone():
+    logits = tf.constant([[2.0, -1.0], [0.5, 0.0], [-1.0, 1.0], [-1.0, 1.0]])  # two texts, two draws each
+    targets = {"labels": tf.constant([0, 0, 1, 1])}
+    plain = classify_sums(logits, targets)
+    p = tf.nn.softmax(logits).numpy()
+    kl = np.sum(p[0] * np.log(p[0] / p[1])) + np.sum(p[1] * np.log(p[1] / p[0]))  # the second pair agrees: 0
+    paired = rdrop_sums(logits, {**targets, "paired": tf.ones([4], tf.bool)}, weight=3.0)
+    np.testing.assert_allclose(float(paired["loss_sum"]), float(plain["loss_sum"]) + 3.0 / 2 * kl, rtol=1e-6)
+    assert kl > 0.1 and float(paired["correct"]) == float(plain["correct"])
+    eval_batch = rdrop_sums(logits[:3], {"labels": targets["labels"][:3]}, weight=3.0)  # no pairs, odd rows
+    assert float(eval_batch["loss_sum"]) == float(classify_sums(logits[:3], {"labels": targets["labels"][:3]})["loss_sum"])

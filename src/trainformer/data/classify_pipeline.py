@@ -131,12 +131,13 @@ def hide_tokens(ids: tf.Tensor, seed: tf.Tensor, rate: float) -> tf.Tensor:
 
 
 def train_dataset(examples: dict[str, np.ndarray], batch_size: int, seed: int, seq_len: int,
-                  start_batch: int = 0, mask_rate: float = 0.0) -> tf.data.Dataset:
+                  start_batch: int = 0, mask_rate: float = 0.0, twice: bool = False) -> tf.data.Dataset:
     """An endless stream of length-bucketed (inputs, targets) batches from batch start_batch on,
     from cached_encode's arrays; mask_rate > 0 hides that share of each batch's tokens (see
     hide_tokens), a draw that is a pure function of (seed, batch number) like the order. With
     examples["soft"] (examples, labels), the teachers' probabilities (train.distill_from), the
-    targets carry each row's as "soft" (batch, labels) beside its label."""
+    targets carry each row's as "soft" (batch, labels) beside its label. twice (R-Drop): every
+    text comes in two rows side by side, (2 batch, L), and the targets say so ("paired")."""
     lengths = examples["lengths"]
     if len(lengths) < batch_size:
         raise ValueError(f"{len(lengths)} training examples are fewer than one batch of {batch_size}")
@@ -149,7 +150,11 @@ def train_dataset(examples: dict[str, np.ndarray], batch_size: int, seed: int, s
     )
 
     def batch(number: tf.Tensor, indices: tf.Tensor):
+        if twice:
+            indices = tf.repeat(indices, 2)  # (2 batch,): each text in two rows side by side
         inputs, targets = gather_batch(ragged, labels, indices, seq_len)
+        if twice:
+            targets = {**targets, "paired": tf.ones_like(indices, tf.bool)}  # rows 2i and 2i + 1: one text
         if soft is not None:
             targets = {**targets, "soft": tf.gather(soft, indices)}
         if mask_rate:

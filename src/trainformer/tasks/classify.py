@@ -50,6 +50,19 @@ def classify_sums(logits: tf.Tensor, targets: dict) -> dict[str, tf.Tensor]:
             "count": tf.cast(tf.shape(labels)[0], tf.float32)}
 
 
+def rdrop_sums(logits: tf.Tensor, targets: dict, weight: float) -> dict[str, tf.Tensor]:
+    """classify_sums, plus, where the rows come in pairs (a training batch under train.rdrop:
+    each text twice, two dropout draws), weight / 2 times the symmetric KL divergence of each
+    pair's predictions (Liang et al. 2021's loss, summed like the cross-entropy)."""
+    sums = classify_sums(logits, targets)
+    if "paired" not in targets:  # an eval batch: one row per text
+        return sums
+    log_p = tf.reshape(tf.nn.log_softmax(logits), [-1, 2, logits.shape[-1]])  # (texts, 2 draws, labels)
+    # KL(p||q) + KL(q||p) = sum over labels of (p - q) * (log p - log q)
+    symmetric_kl = tf.reduce_sum((tf.exp(log_p[:, 0]) - tf.exp(log_p[:, 1])) * (log_p[:, 0] - log_p[:, 1]))
+    return {**sums, "loss_sum": sums["loss_sum"] + weight / 2 * symmetric_kl}
+
+
 def classification_metrics(labels: np.ndarray, predictions: np.ndarray, names: list[str], majority: int) -> dict:
     """Accuracy, macro-F1, per-class precision/recall/F1, support, the confusion matrix (rows:
     true label, columns: predicted) and the accuracy of always answering the majority label."""
@@ -84,7 +97,8 @@ class ClassifyTask:
     def __init__(self, config: ExperimentConfig):
         self.config = config
         self.vocab_size = config.tokenizer.vocab_size  # until prepare() loads the run's vocabulary
-        self.loss_sums = classify_sums
+        rdrop = config.train.rdrop
+        self.loss_sums = (lambda logits, targets: rdrop_sums(logits, targets, rdrop)) if rdrop else classify_sums
         self.items_per_step = config.train.accumulate * config.train.batch_size
 
     def prepare(self, run: RunDir, corpus: LabelledCorpus, say=print, may_create_vocabulary: bool = True) -> None:
@@ -160,7 +174,7 @@ class ClassifyTask:
     def train_batches(self, start_batch: int) -> tf.data.Dataset:
         t = self.config.train
         return train_dataset(self.examples["train"], t.batch_size, t.seed, self.config.data.seq_len, start_batch,
-                             self.config.data.input_mask_rate)
+                             self.config.data.input_mask_rate, twice=t.rdrop > 0)
 
     def attention_windows(self) -> np.ndarray:
         valid = self.examples["valid"]
@@ -209,8 +223,9 @@ class ClassifyTask:
         pooling = "; the head pools the mean of the tokens" if self.config.model.pooling == "mean" else ""
         distilled = "soft" in self.examples["train"]
         taught = "; the loss reads the teachers' probabilities, not the labels" if distilled else ""
+        twice = f"; R-Drop: each text twice, weight {t.rdrop:g}" if t.rdrop else ""
         return [f"examples: {sizes}, {len(self.labels)} labels, up to {self.config.data.seq_len} tokens "
-                f"(length-bucketed batches); batch {t.batch_size}{accumulate}{pooling}{taught}"]
+                f"(length-bucketed batches); batch {t.batch_size}{accumulate}{pooling}{taught}{twice}"]
 
     @staticmethod
     def result_lines(final: dict) -> list[str]:
