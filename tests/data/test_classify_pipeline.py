@@ -6,8 +6,9 @@ twice side by side and the loss compares the pair's predictions."""
 import numpy as np
 import tensorflow as tf
 
+from trainformer.config import load_config
 from trainformer.data.classify_pipeline import eval_batches, train_dataset
-from trainformer.tasks.classify import classify_sums, rdrop_sums
+from trainformer.tasks.classify import ClassifyTask, classify_sums, rdrop_sums
 from trainformer.tokens import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID
 
 RATE = 0.3
@@ -112,3 +113,16 @@ def test_the_rdrop_loss_adds_the_symmetric_kl_of_each_pair_and_leaves_eval_batch
     assert kl > 0.1 and float(paired["correct"]) == float(plain["correct"])
     eval_batch = rdrop_sums(logits[:3], {"labels": targets["labels"][:3]}, weight=3.0)  # no pairs, odd rows
     assert float(eval_batch["loss_sum"]) == float(classify_sums(logits[:3], {"labels": targets["labels"][:3]})["loss_sum"])
+
+
+def test_train_rdrop_gives_the_task_paired_batches_and_the_paired_loss():
+    config = load_config(None, ["task.type=classify", "train.rdrop=2", "model.dropout=0.1", "data.seq_len=64",
+                                "train.batch_size=8"])
+    task = ClassifyTask(config)
+    task.examples = {"train": framed_examples()}  # what prepare() would encode
+    inputs, targets = next(iter(task.train_batches(0)))
+    assert inputs["token_ids"].shape[0] == 16 and "paired" in targets  # 8 texts, two rows each
+    logits = tf.random.stateless_normal([16, 2], seed=[1, 2])
+    np.testing.assert_allclose(float(task.loss_sums(logits, targets)["loss_sum"]),
+                               float(rdrop_sums(logits, targets, 2.0)["loss_sum"]))
+    assert float(task.loss_sums(logits, targets)["loss_sum"]) > float(classify_sums(logits, targets)["loss_sum"])
