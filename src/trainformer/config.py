@@ -41,7 +41,7 @@ class ModelConfig:
     dropout: float = 0.0
     norm: str = "pre"  # post: LayerNorm after each residual (BERT, the seeds); pre: before
     position: str = "sinusoidal"  # sinusoidal | learned
-    activation: str = "gelu_tanh"  # feed-forward GELU: gelu_tanh (approximate) | gelu (exact, erf: BERT's)
+    activation: str = "gelu_tanh"  # feed-forward: gelu_tanh (approximate) | gelu (exact, erf: BERT's) | relu2 (relu squared)
     max_length: int = 0  # positions the model holds; 0: data.seq_len (an imported BERT keeps its 512)
     # hash buckets of the character bigrams and trigrams added to each token's vector (ZEN,
     # Diao et al. 2020); 0: none (BERT's inputs)
@@ -197,7 +197,7 @@ CHOICES = {
     "task.type": ("mlm", "electra", "classify", "seq2seq"),
     "decode.strategy": ("greedy", "beam"),
     "model.norm": ("post", "pre"),
-    "model.activation": ("gelu_tanh", "gelu"),
+    "model.activation": ("gelu_tanh", "gelu", "relu2"),
     "model.position": ("sinusoidal", "learned"),
     "model.pooling": ("cls", "mean"),
     "model.decoder_init": ("encoder", "random"),

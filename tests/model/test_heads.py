@@ -9,7 +9,7 @@ import pytest
 
 from trainformer.config import ModelConfig, load_config
 from trainformer.model.heads import Classifier, ClassifierHead, MaskedLM, build_classifier, build_masked_lm
-from trainformer.model.layers import gelu, gelu_exact
+from trainformer.model.layers import gelu, gelu_exact, squared_relu
 from test_layers import run_layer_test  # the shared layer-test helper (tests/model/test_layers.py)
 
 VOCAB, MAX_LEN, D = 200, 16, 32
@@ -166,7 +166,7 @@ def test_zh_bert_80m_parameters_follow_the_formula():  # ~80M on its own data: t
     assert model.count_params() == expected
 
 
-@pytest.mark.parametrize("activation, function", [("gelu", gelu_exact), ("gelu_tanh", gelu)])
+@pytest.mark.parametrize("activation, function", [("gelu", gelu_exact), ("gelu_tanh", gelu), ("relu2", squared_relu)])
 def test_activation_reaches_every_block_and_the_head(activation, function):
     config = ModelConfig(d_model=D, num_layers=2, num_heads=2, dff=64, activation=activation)
     model = build_masked_lm(config, VOCAB, MAX_LEN)

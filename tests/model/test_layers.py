@@ -17,6 +17,7 @@ from trainformer.model.layers import (
     gelu,
     gelu_exact,
     padding_keep,
+    squared_relu,
 )
 
 RNG = np.random.default_rng(0)
@@ -296,6 +297,11 @@ def test_exact_gelu_is_the_erf_form_and_exports_without_erfc():
     graph = tf.function(gelu_exact).get_concrete_function(tf.TensorSpec([None], tf.float32)).graph
     ops_used = {op.type for op in graph.get_operations()}
     assert "Erf" in ops_used and "Erfc" not in ops_used  # tf2onnx converts Erf, not Erfc (DESIGN.md)
+
+
+def test_squared_relu_is_zero_below_and_the_square_above():
+    x = np.array([-3.0, -0.5, 0.0, 0.5, 3.0], "float32")
+    np.testing.assert_allclose(np.asarray(squared_relu(x)), [0.0, 0.0, 0.0, 0.25, 9.0])
 
 
 def test_block_activation_is_stored_and_used():

@@ -44,8 +44,9 @@ CONFIG_KEYS = (("hidden_size", "d_model"), ("num_hidden_layers", "num_layers"),
                ("num_attention_heads", "num_heads"), ("intermediate_size", "dff"))
 # ModelConfig.activation -> HF hidden_act. gelu: x * Phi(x) (erf form) both sides. gelu_tanh:
 # Keras' gelu(approximate=True) is 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the formula
-# of HF's gelu_new (and of torch's gelu(approximate="tanh"), HF's gelu_pytorch_tanh).
-HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new"}
+# of HF's gelu_new (and of torch's gelu(approximate="tanh"), HF's gelu_pytorch_tanh). relu2:
+# relu(x)^2, HF's ReLUSquaredActivation.
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu2": "relu2"}
 # HF hidden_act -> ours, the import's (both tanh forms are our gelu_tanh)
 HIDDEN_ACTS = {**{hf: ours for ours, hf in HF_ACTIVATIONS.items()}, "gelu_pytorch_tanh": "gelu_tanh"}
 EPSILON = 1e-12  # our LayerNorms' (model/encoder.py, layers.py), BERT's layer_norm_eps

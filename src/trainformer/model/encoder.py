@@ -26,8 +26,9 @@ class TransformerEncoder(keras.Model):
         d_model, num_layers, num_heads, dff, dropout: the usual Transformer sizes.
         norm: "post" (BERT, with a LayerNorm on the embeddings) or "pre" (with a final LayerNorm).
         position: "sinusoidal" (fixed) or "learned" position vectors.
-        activation: the feed-forward GELU of every block: "gelu_tanh" (tanh approximation) or
-            "gelu" (exact, erf form: BERT's, and what an imported Hugging Face BERT uses).
+        activation: the feed-forward activation of every block: "gelu_tanh" (tanh approximation),
+            "gelu" (exact, erf form: BERT's, and what an imported Hugging Face BERT uses) or
+            "relu2" (relu squared, Primer's).
         ngram_buckets: 0, or the hash buckets of an NgramEmbedding added to the token vectors
             (the bigrams and trigrams around each token).
         use_bias: whether every block's projections add a bias (TransformerBlock).

@@ -23,7 +23,7 @@ class MaskedLMHead(keras.layers.Layer):
     Args:
         token_embedding: the encoder's ReversibleEmbedding (its matrix is the output layer).
         epsilon: LayerNorm epsilon.
-        activation: the transform's GELU, "gelu_tanh" or "gelu" (exact); the encoder's.
+        activation: the transform's, the encoder's ("gelu_tanh", "gelu" or "relu2").
 
     Call: (sequence (batch, seq, d), masked_positions (batch, P) int32) -> logits (batch, P, vocab)
     float32.
