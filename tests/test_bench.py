@@ -59,7 +59,8 @@ def assert_rates_follow_from_the_step_time(r: dict) -> None:
     assert r["model_gflop_per_step"] == pytest.approx(gflop, abs=5e-4)
     assert close(r["achieved_gflops"], gflop / seconds, 5e-3)
     peak = r["peak_gflops"].get(r["precision"]) or r["peak_gflops"]["fp32"]
-    assert r["mfu"] == pytest.approx(gflop / seconds / peak, rel=2e-3, abs=5e-5)
+    mfu = gflop / seconds / peak
+    assert close(r["mfu"], mfu, 5e-5 + mfu * 0.05 / peak)  # printed to 4 places, over a peak printed to 0.1
     assert r["step_ms_p10"] <= r["step_ms"] <= r["step_ms_p90"]
 
 
