@@ -11,7 +11,7 @@ computes, within 1e-4 in float32, on the fixture tests/fixtures/tiny-hf-bert):
 
 - Encoder: BERT is a post-LN encoder with learned positions: our `norm: post`,
   `position: learned`; hidden_act "gelu" becomes `activation: gelu` (exact, erf form),
-  "gelu_new"/"gelu_pytorch_tanh" `gelu_tanh`. Every tensor goes through bert_mapping's Ties.
+  "gelu_new"/"gelu_pytorch_tanh" `gelu_tanh`, "relu2" `relu2`. Every tensor goes through bert_mapping's Ties.
 - Token types: our encoder has no segment input. Every task here feeds one segment, for which
   BERT adds token_type_embeddings[0] at every position; that row is folded into the learned
   position table, which is exact for single-segment input. Segment pairs cannot be expressed.
