@@ -123,6 +123,6 @@ def test_train_rdrop_gives_the_task_paired_batches_and_the_paired_loss():
     inputs, targets = next(iter(task.train_batches(0)))
     assert inputs["token_ids"].shape[0] == 16 and "paired" in targets  # 8 texts, two rows each
     logits = tf.random.stateless_normal([16, 2], seed=[1, 2])
-    np.testing.assert_allclose(float(task.loss_sums(logits, targets)["loss_sum"]),
-                               float(rdrop_sums(logits, targets, 2.0)["loss_sum"]))
-    assert float(task.loss_sums(logits, targets)["loss_sum"]) > float(classify_sums(logits, targets)["loss_sum"])
+    paired = float(task.loss_sums(logits, targets)["loss_sum"])
+    np.testing.assert_allclose(paired, float(rdrop_sums(logits, targets, 2.0)["loss_sum"]))
+    assert paired > float(classify_sums(logits, targets)["loss_sum"])

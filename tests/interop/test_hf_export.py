@@ -20,10 +20,10 @@ from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 from test_hf_import import FIXTURE, REFERENCE, TOLERANCE, copy_fixture, fixture_tensors, hidden_state_error, quiet
 
-from trainformer.config import load_config
+from trainformer.config import CHOICES, load_config
 from trainformer.data.tokenizer import Tokenizer
 from trainformer.errors import UserError
-from trainformer.interop.bert_mapping import TOKEN_TYPE_TABLE, full_name, model_ties, pooler_ties
+from trainformer.interop.bert_mapping import HF_ACTIVATIONS, HIDDEN_ACTS, TOKEN_TYPE_TABLE, full_name, model_ties, pooler_ties
 from trainformer.interop.hf_export import export_hf
 from trainformer.interop.hf_folder import BERT_DEFAULTS
 from trainformer.interop.hf_import import import_hf_bert
@@ -171,6 +171,11 @@ def test_exported_tokenizer_gives_our_ids(reexported):
 
 
 # --- the mapping itself ----------------------------------------------------------------------
+
+def test_every_activation_exports_as_an_hf_hidden_act_that_imports_back():
+    for activation in CHOICES["model.activation"]:
+        assert HIDDEN_ACTS[HF_ACTIVATIONS[activation]] == activation
+
 
 def test_mapping_is_a_bijection_over_the_fixture(tmp_path):
     """Each HF name once, each weight of ours in exactly one Tie, the shapes the fixture's."""
