@@ -23,7 +23,8 @@ from test_hf_import import FIXTURE, REFERENCE, TOLERANCE, copy_fixture, fixture_
 from trainformer.config import CHOICES, load_config
 from trainformer.data.tokenizer import Tokenizer
 from trainformer.errors import UserError
-from trainformer.interop.bert_mapping import HF_ACTIVATIONS, HIDDEN_ACTS, TOKEN_TYPE_TABLE, full_name, model_ties, pooler_ties
+from trainformer.interop.bert_mapping import (HF_ACTIVATIONS, HIDDEN_ACTS, TOKEN_TYPE_TABLE, full_name, model_ties,
+                                              pooler_ties)
 from trainformer.interop.hf_export import export_hf
 from trainformer.interop.hf_folder import BERT_DEFAULTS
 from trainformer.interop.hf_import import import_hf_bert
