@@ -13,6 +13,8 @@ from trainformer.model.layers import (
     TransformerEncoderBlock,
     attend,
     attention_probabilities,
+    ACTIVATIONS,
+    feed_forward_activation,
     fused_attention,
     gelu,
     gelu_exact,
@@ -302,6 +304,46 @@ def test_exact_gelu_is_the_erf_form_and_exports_without_erfc():
 def test_squared_relu_is_zero_below_and_the_square_above():
     x = np.array([-3.0, -0.5, 0.0, 0.5, 3.0], "float32")
     np.testing.assert_allclose(np.asarray(squared_relu(x)), [0.0, 0.0, 0.0, 0.25, 9.0])
+
+
+def value_and_gradient(function, x, upstream):
+    """function(x) and d sum(function(x) * upstream) / dx, as float32 arrays."""
+    x = tf.convert_to_tensor(x)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = function(x)
+        total = tf.reduce_sum(tf.cast(y, tf.float32) * upstream)
+    return np.asarray(tf.cast(y, tf.float32)), np.asarray(tf.cast(tape.gradient(total, x), tf.float32))
+
+
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+@pytest.mark.parametrize("dtype, tolerance", [("float32", 1e-4), ("bfloat16", 2e-2)])
+def test_fused_training_activation_has_the_plain_values_and_gradient(name, dtype, tolerance):
+    # the training path's hand-written derivative against autodiff of the plain ops, each in
+    # float32: a wrong derivative is off by far more than rounding (1 - tanh^2 near the tails
+    # is where float32 rounding shows: 1e-5 there)
+    x = np.linspace(-6, 6, 4001).astype("float32")
+    upstream = np.random.default_rng(1).normal(size=x.shape).astype("float32")
+    fused = feed_forward_activation(name, training=True)
+    assert fused is not ACTIVATIONS[name] and feed_forward_activation(name, training=False) is ACTIVATIONS[name]
+    expected = value_and_gradient(ACTIVATIONS[name], x, upstream)
+    got = value_and_gradient(fused, tf.cast(x, dtype), upstream)
+    assert got[0].dtype == got[1].dtype == np.float32
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=tolerance, atol=tolerance)
+    assert tf.cast(fused(tf.cast(x, dtype)), tf.float32).dtype == tf.float32  # its input's dtype back
+    assert fused(tf.cast(x, dtype)).dtype == dtype
+
+
+def test_block_trains_with_the_fused_activation_and_infers_with_the_plain_one():
+    # without dropout, training changes only how the activation runs: the same output and gradient
+    block = TransformerEncoderBlock(num_heads=4, dff=64, dropout=0.0)
+    x = tf.constant(random(2, 10, 32))
+    upstream = random(2, 10, 32)
+    values = [value_and_gradient(lambda t, training=training: block(t, training=training), x, upstream)
+              for training in (True, False)]
+    for trained, inferred in zip(*values):
+        np.testing.assert_allclose(trained, inferred, atol=1e-5)
 
 
 def test_block_activation_is_stored_and_used():

@@ -13,7 +13,7 @@ from trainformer.config import ConfigError, ModelConfig, load_config
 from trainformer.data.pipeline import pack, tokenize_documents
 from trainformer.tokens import CLS_ID, PAD_ID, SEP_ID
 from trainformer.model.heads import build_masked_lm
-from trainformer.model.layers import TransformerEncoderBlock
+from trainformer.model.layers import TransformerEncoderBlock, gelu
 from trainformer.run.attention import AttentionSnapshot, sentence_from_windows
 from trainformer.images import VIRIDIS, choose_labels, colorize, find_cjk_font, has_glyphs, plain_font, render_heatmaps
 from trainformer.train.monitor import Monitor
@@ -119,7 +119,7 @@ def test_probabilities_are_the_softmax_call_attends_with(norm):
 
     context = (probs @ v).transpose(0, 2, 1, 3).reshape(2, 9, 32)
     attended = block._attention_output(context)
-    ffn = lambda t: block._ffn_output(block._ffn_inner(t))  # noqa: E731
+    ffn = lambda t: block._ffn_output(gelu(block._ffn_inner(t)))  # noqa: E731 (the block's default activation)
     if norm == "pre":
         y = x + attended
         y = y + ffn(block._ffn_norm(y))

@@ -22,7 +22,6 @@ from trainformer.model.layers import (
     ReversibleEmbedding,
     TransformerBlock,
     TransformerEncoderBlock,
-    activation_function,
     attend,
     padding_keep,
     split_heads,
@@ -86,7 +85,7 @@ class TransformerDecoderBlock(TransformerBlock):
         self._cross_kv = dense(2 * d_model, "cross_kv")
         self._cross_output = dense(d_model, "cross_output")
         self._cross_norm = layer_norm("cross_norm")
-        self._ffn_inner = dense(self.dff, "ffn_inner", activation=activation_function(self.activation))
+        self._ffn_inner = dense(self.dff, "ffn_inner")  # the activation comes after: _feed_forward
         self._ffn_output = dense(d_model, "ffn_output", inner=self.dff)
         self._ffn_norm = layer_norm("ffn_norm")
         self._attention_dropout = keras.layers.Dropout(self.dropout, dtype=policy)
@@ -122,7 +121,7 @@ class TransformerDecoderBlock(TransformerBlock):
             return self._attend(query, key, value, keep, self._cross_output, training)
 
         x = self._residual(x, self._cross_norm, cross, training)
-        return self._residual(x, self._ffn_norm, lambda h: self._ffn_output(self._ffn_inner(h)), training)
+        return self._residual(x, self._ffn_norm, lambda h: self._feed_forward(h, training), training)
 
     def call(self, x, memory, memory_mask, training=None):
         # Only a causal mask on the targets: a padded position comes after every real one, so
