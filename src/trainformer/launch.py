@@ -78,44 +78,46 @@ def launch(workers: int, command: list[str], out=sys.stdout, debug: bool | None 
     command = [*(["--debug"] if debug else []), *command, "--set", "train.strategy=multi_worker"]
     ports = free_ports(workers)
     processes = []
-    for index in range(workers):
-        env = {**os.environ, "TF_CONFIG": tf_config(ports, index)}
-        # Its own session: a Ctrl-C at the terminal reaches the launcher only, which forwards it
-        # once (twice would be a worker's "second Ctrl-C": stop at once, without saving).
-        process = subprocess.Popen(
-            [sys.executable, "-m", "trainformer", *command], env=env, text=True, start_new_session=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
-        )
-        # The chief's progress lines come through as they are; the others' are marked.
-        prefix = "" if index == 0 else f"[worker {index}] "
-        threading.Thread(target=_relay, args=(process.stdout, prefix, out), daemon=True).start()
-        processes.append(process)
-    _write_line(out, f"launch: {workers} workers on 127.0.0.1 ports {', '.join(map(str, ports))} "
-                     f"(pids {', '.join(str(p.pid) for p in processes)})")
-    return _supervise(processes, out)
-
-
-def _supervise(processes: list[subprocess.Popen], out) -> int:
-    """Wait for every worker; when one fails, stop the rest. Ctrl-C and SIGTERM reach the
-    workers (each finishes its step, all save the same step and exit), not the launcher."""
+    # Ctrl-C and SIGTERM reach the workers (each finishes its step, all save the same step and
+    # exit), not the launcher: from before the first starts, since a worker can be up and
+    # printing before the launcher gets to its own line.
     previous = {sig: signal.signal(sig, lambda signum, frame: _forward(processes, signum))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while True:
-            codes = [process.poll() for process in processes]
-            failed = [(index, code) for index, code in enumerate(codes) if code not in (None, 0)]
-            if failed:
-                index, code = failed[0]
-                how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
-                _write_line(out, f"launch: worker {index} {how}; stopping the others")
-                _stop(processes)
-                return code if code > 0 else 128 - code  # killed by signal N: 128 + N, as a shell says
-            if all(code == 0 for code in codes):
-                return 0
-            time.sleep(POLL_S)
+        for index in range(workers):
+            env = {**os.environ, "TF_CONFIG": tf_config(ports, index)}
+            # Its own session: a Ctrl-C at the terminal reaches the launcher only, which forwards
+            # it once (twice would be a worker's "second Ctrl-C": stop at once, without saving).
+            process = subprocess.Popen(
+                [sys.executable, "-m", "trainformer", *command], env=env, text=True, start_new_session=True,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+            )
+            # The chief's progress lines come through as they are; the others' are marked.
+            prefix = "" if index == 0 else f"[worker {index}] "
+            threading.Thread(target=_relay, args=(process.stdout, prefix, out), daemon=True).start()
+            processes.append(process)
+        _write_line(out, f"launch: {workers} workers on 127.0.0.1 ports {', '.join(map(str, ports))} "
+                         f"(pids {', '.join(str(p.pid) for p in processes)})")
+        return _supervise(processes, out)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _supervise(processes: list[subprocess.Popen], out) -> int:
+    """Wait for every worker; when one fails, stop the rest."""
+    while True:
+        codes = [process.poll() for process in processes]
+        failed = [(index, code) for index, code in enumerate(codes) if code not in (None, 0)]
+        if failed:
+            index, code = failed[0]
+            how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+            _write_line(out, f"launch: worker {index} {how}; stopping the others")
+            _stop(processes)
+            return code if code > 0 else 128 - code  # killed by signal N: 128 + N, as a shell says
+        if all(code == 0 for code in codes):
+            return 0
+        time.sleep(POLL_S)
 
 
 def _forward(processes: list[subprocess.Popen], signum: int) -> None:
