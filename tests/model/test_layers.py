@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 from trainformer.model.layers import (
+    ACTIVATIONS,
     LearnedPositionalEmbedding,
     NgramEmbedding,
     PositionalEncoding,
@@ -13,7 +14,6 @@ from trainformer.model.layers import (
     TransformerEncoderBlock,
     attend,
     attention_probabilities,
-    ACTIVATIONS,
     feed_forward_activation,
     fused_attention,
     gelu,
@@ -328,11 +328,9 @@ def test_fused_training_activation_has_the_plain_values_and_gradient(name, dtype
     assert fused is not ACTIVATIONS[name] and feed_forward_activation(name, training=False) is ACTIVATIONS[name]
     expected = value_and_gradient(ACTIVATIONS[name], x, upstream)
     got = value_and_gradient(fused, tf.cast(x, dtype), upstream)
-    assert got[0].dtype == got[1].dtype == np.float32
     for g, e in zip(got, expected):
         np.testing.assert_allclose(g, e, rtol=tolerance, atol=tolerance)
-    assert tf.cast(fused(tf.cast(x, dtype)), tf.float32).dtype == tf.float32  # its input's dtype back
-    assert fused(tf.cast(x, dtype)).dtype == dtype
+    assert fused(tf.cast(x, dtype)).dtype == dtype  # its input's dtype back, whatever it computes in
 
 
 def test_block_trains_with_the_fused_activation_and_infers_with_the_plain_one():

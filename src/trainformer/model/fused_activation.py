@@ -6,11 +6,11 @@ tensor, and autodiff adds as many for the backward: tanh-GELU is eight kernels f
 backward (TF profiler), and on CPUs TF's bf16 element-wise kernels are slower than its fp32
 ones. Here the forward is one XLA-compiled function and the backward another (the upstream
 gradient times the activation's derivative, written out in layers.py), both computing in
-float32 from the tensor's dtype and casting back. Forward and backward of tanh-GELU on a (2,048, 1,024)
-activation, zh-bert-small's at batch 32: 2.1 ms against 13.5 with TF's ops in bf16, 1.2 against
-6.7 in fp32 (2-core Xeon with AMX; benchmarks/activation_step.py); zh-bert-small's whole bf16
-step 1.23x faster. The function is the same; only rounding differs (float32 inside instead of
-the compute dtype).
+float32 from the tensor's dtype and casting back. Forward and backward of tanh-GELU on a
+(2,048, 1,024) activation, zh-bert-small's at batch 32: 2.1 ms against 13.5 with TF's ops in
+bf16, 1.2 against 6.7 in fp32 (2-core Xeon with AMX; benchmarks/activation_step.py);
+zh-bert-small's whole bf16 step 1.21-1.23x faster. The function is the same; only rounding
+differs (float32 inside instead of the compute dtype).
 
 Inference keeps the plain ops: a SavedModel, TFLite or ONNX runtime need not run XLA.
 """
