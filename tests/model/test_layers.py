@@ -343,6 +343,12 @@ def test_block_trains_with_the_fused_activation_and_infers_with_the_plain_one():
     for trained, inferred in zip(*values):
         np.testing.assert_allclose(trained, inferred, atol=1e-5)
 
+    def xla_calls(training):  # the ops of the block's graph that XLA must compile
+        graph = tf.function(lambda t: block(t, training=training)).get_concrete_function(x).graph
+        return [op for op in graph.get_operations() if op.node_def.attr["_XlaMustCompile"].b]
+
+    assert xla_calls(True) and not xla_calls(False)  # an export traces training off: no XLA there
+
 
 def test_block_activation_is_stored_and_used():
     x = random(2, 10, 32)
