@@ -213,6 +213,7 @@ def test_fine_tuning_keys_are_checked(overrides, message):
 @pytest.mark.parametrize("overrides, message", [
     (["data.selective_masking=-1"], "data.selective_masking: must be >= 0"),
     (["task.type=classify", "data.selective_masking=2"], "data.selective_masking: chooses the tokens a masked-LM"),
+    (["task.type=classify", "data.shift_windows=true"], "data.shift_windows: cuts a masked-LM run's packed windows"),
     (["data.long_seq_len=-1"], "data.long_seq_len: must be >= 0"),
     (["task.type=classify", "data.long_seq_len=256"], "data.long_seq_len: pretraining windows"),
     (["data.long_seq_len=64"], "data.long_seq_len: 64 must be more than data.seq_len=64"),

@@ -84,6 +84,10 @@ class DataConfig:
     # masked more often, with weight 1 + this x their log-frequency spread (data/selective.py,
     # Gu et al. 2020); 0: uniform
     selective_masking: float = 0.0
+    # mlm, electra: each epoch cuts the packed stream at new window boundaries (a random offset),
+    # so a document split between two windows in one epoch is read whole in another; false: the
+    # same windows every epoch (data/pipeline.py, shifted_windows)
+    shift_windows: bool = False
     # classify: each training batch hides this share of its texts' tokens behind [MASK], a fresh
     # draw per batch (token cutoff, Shen et al. 2020); eval and predict read whole texts; 0: off
     input_mask_rate: float = 0.0
@@ -395,6 +399,9 @@ def validate(config: ExperimentConfig, origin: str) -> None:
     if d.selective_masking and config.task.type not in ("mlm", "electra"):
         raise ConfigError(f"{origin}: data.selective_masking: chooses the tokens a masked-LM run masks; a "
                           f"{config.task.type} run masks none (leave it at 0)")
+    if d.shift_windows and config.task.type not in ("mlm", "electra"):
+        raise ConfigError(f"{origin}: data.shift_windows: cuts a masked-LM run's packed windows; a "
+                          f"{config.task.type} run reads whole texts (leave it false)")
     if tok.vocab_size < 100:
         raise ConfigError(f"{origin}: tokenizer.vocab_size: must be >= 100, got {tok.vocab_size}")
 

@@ -310,6 +310,36 @@ def test_start_batch_resumes_the_same_stream(small_windows, reference, start):
         assert same_batch(batch, reference[start + offset]), f"batch {start + offset}"
 
 
+def test_shifted_windows_cut_the_stream_anew_each_epoch(small_windows):
+    """data.shift_windows: every window is [CLS] + a run of the packed stream; an epoch's windows
+    start at one offset (mod the body length), another epoch's at another; resuming still
+    replays the uninterrupted stream."""
+    per_epoch = (NUM_WINDOWS - 1) // BATCH
+    body_len = small_windows.shape[1] - 1
+    runs = np.lib.stride_tricks.sliding_window_view(small_windows[:, 1:].reshape(-1), body_len)
+
+    def take_shifted(n, start_batch=0):
+        dataset = train_dataset(small_windows, BATCH, 5, RATE, 8000, start_batch=start_batch, shifted=True)
+        return [({k: v.numpy() for k, v in inputs.items()}, {k: v.numpy() for k, v in targets.items()})
+                for inputs, targets in dataset.take(n)]
+
+    batches = take_shifted(2 * per_epoch)
+    offsets = []
+    for epoch in range(2):
+        starts = []
+        for window in (w for b in batches[epoch * per_epoch : (epoch + 1) * per_epoch] for w in unmask(b)):
+            assert window[0] == CLS_ID
+            found = np.flatnonzero((runs == window[1:]).all(axis=1))
+            assert len(found), "a window that is not a run of the stream"
+            starts.append(int(found[0]))
+        assert len(set(starts)) == len(starts) == per_epoch * BATCH  # no window twice in an epoch
+        assert len({start % body_len for start in starts}) == 1  # one cut per epoch
+        offsets.append(starts[0] % body_len)
+    assert offsets[0] != offsets[1]
+    for start in (per_epoch - 1, per_epoch + 2):
+        assert all(same_batch(a, b) for a, b in zip(take_shifted(2, start), batches[start:]))
+
+
 def test_long_windows_take_the_last_steps_at_the_same_tokens_per_batch(stream):
     """data.long_seq_len: batches 0-5 of 32-token windows, then batches of 128-token ones (a
     quarter of the rows); a resumed run's stream, from either phase, is the uninterrupted one's."""

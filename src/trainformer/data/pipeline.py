@@ -150,21 +150,22 @@ def mask_batch(
 
 def train_dataset(
     windows: np.ndarray, batch_size: int, seed: int, mask_rate: float, vocab_size: int, start_batch: int = 0,
-    keys: tuple = MLM_KEYS, mask_span: int = 1, token_weights: np.ndarray | None = None,
+    keys: tuple = MLM_KEYS, mask_span: int = 1, token_weights: np.ndarray | None = None, shifted: bool = False,
 ) -> tf.data.Dataset:
     """An endless stream of masked batches; a new window order and new masks every epoch
-    (token_weights: see mask_batch).
+    (token_weights: see mask_batch). shifted: each epoch also cuts the stream at new window
+    boundaries (see shifted_windows).
 
     Batch n is a pure function of (windows, seed, n), so a resumed run starts the stream at
     `start_batch` and sees exactly the batches an uninterrupted run would have: no iterator
     state to checkpoint, under any distribution strategy.
     """
-    num_windows = len(windows)
+    num_windows = len(windows) - 1 if shifted else len(windows)  # a shifted cut leaves one window out
     if num_windows < batch_size:
         raise ValueError(f"{num_windows} training windows are fewer than one batch of {batch_size}")
     batches_per_epoch = num_windows // batch_size  # the remainder of each shuffled epoch is dropped
     first_epoch, first_offset = divmod(start_batch, batches_per_epoch)
-    all_windows = tf.constant(windows)  # (num_windows, seq)
+    window_rows = shifted_windows(windows, seed) if shifted else unshifted_windows(windows)
     weights = None if token_weights is None else tf.constant(token_weights, tf.float32)  # (vocab,)
 
     def epoch(index: tf.Tensor) -> tf.data.Dataset:
@@ -178,7 +179,7 @@ def train_dataset(
 
     def masked(ids: tf.Tensor, number: tf.Tensor, index: tf.Tensor):
         mask_seed = tf.stack([tf.constant(seed + 1, tf.int64), index * batches_per_epoch + number])
-        masked = mask_batch(tf.gather(all_windows, ids), mask_seed, mask_rate, vocab_size, span=mask_span,
+        masked = mask_batch(window_rows(ids, index), mask_seed, mask_rate, vocab_size, span=mask_span,
                             token_weights=weights)
         return split_targets(masked, keys)
 
@@ -188,6 +189,36 @@ def train_dataset(
         .map(masked, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         .prefetch(tf.data.AUTOTUNE)
     )
+
+
+def unshifted_windows(windows: np.ndarray):
+    """rows(ids, epoch) -> the windows `ids`, (batch, seq), as packed, in every epoch."""
+    all_windows = tf.constant(windows)  # (num_windows, seq)
+    return lambda ids, epoch: tf.gather(all_windows, ids)
+
+
+def shifted_windows(windows: np.ndarray, seed: int):
+    """rows(ids, epoch) -> windows `ids`, (batch, seq), of the packed stream cut anew per epoch.
+
+    Packed once, a document that straddles two windows is cut at the same place in every epoch:
+    over ~20 epochs its two halves are never read together, and the tokens at a window's start
+    never see their left context. Each epoch here starts its cut a random 0..seq-2 tokens into
+    the stream (a pure function of (seed, epoch)), as dynamic masking draws new masks per epoch
+    (Liu et al. 2019, RoBERTa): window w of an epoch reads stream tokens offset + w*(seq-1) on,
+    after [CLS]. The cut holds one window fewer than the packing (windows 0..n-2): the tokens
+    before the offset and after the last window sit out that epoch, a different few each time.
+    """
+    body_len = windows.shape[1] - 1
+    stream = tf.constant(windows[:, 1:].reshape(-1))  # (num_windows * body_len,) the packed stream, [PAD]-ended
+
+    def rows(ids: tf.Tensor, epoch: tf.Tensor) -> tf.Tensor:
+        offset = tf.random.stateless_uniform([], tf.stack([tf.constant(seed + 2, tf.int64), epoch]),
+                                             maxval=body_len, dtype=tf.int64)
+        starts = offset + tf.cast(ids, tf.int64) * body_len  # (batch,)
+        body = tf.gather(stream, starts[:, None] + tf.range(body_len, dtype=tf.int64))  # (batch, body_len)
+        return tf.concat([tf.fill([tf.shape(ids)[0], 1], tf.constant(CLS_ID, body.dtype)), body], axis=1)
+
+    return rows
 
 
 def distribute(strategy: tf.distribute.Strategy, global_batches: tf.data.Dataset) -> tf.distribute.DistributedDataset:

@@ -85,8 +85,9 @@ class MaskedLMTask:
         if long := long_windows(self.config):
             batches.append((self.long_windows, long[1]))
         for windows, batch_size in batches:  # windows: (n, tokens)
-            if len(windows) < batch_size:
-                raise UserError(f"train.batch_size: {batch_size} is more than the {len(windows)} training "
+            usable = len(windows) - self.config.data.shift_windows  # a shifted cut holds one window fewer
+            if usable < batch_size:
+                raise UserError(f"train.batch_size: {batch_size} is more than the {usable} training "
                                 f"windows of {windows.shape[1]} tokens in {corpus.source}")
 
     def _selective_weights(self, stream: np.ndarray, labels: list[int] | None, say) -> np.ndarray | None:
@@ -130,7 +131,7 @@ class MaskedLMTask:
 
         def stream(windows: np.ndarray, batch_size: int, start: int) -> tf.data.Dataset:
             return train_dataset(windows, batch_size, t.seed, mask_rate, self.vocab_size, start, self.batch_keys,
-                                 self.config.data.mask_span, self.token_weights)
+                                 self.config.data.mask_span, self.token_weights, self.config.data.shift_windows)
 
         short = stream(self.windows["train"], t.batch_size, start_batch)
         long = long_windows(self.config)
@@ -199,7 +200,8 @@ class MaskedLMTask:
         t, seq_len = self.config.train, self.config.data.seq_len
         accumulate = f" x {t.accumulate} accumulated" if t.accumulate > 1 else ""
         train, valid = len(self.windows["train"]), len(self.windows["valid"])
-        lines = [f"data: {train:,} train / {valid:,} valid windows of {seq_len} tokens; "
+        shifted = ", cut anew each epoch (data.shift_windows)" if self.config.data.shift_windows else ""
+        lines = [f"data: {train:,} train / {valid:,} valid windows of {seq_len} tokens{shifted}; "
                  f"batch {t.batch_size}{accumulate} ({self.items_per_step:,} tokens/step)"]
         long = long_windows(self.config)
         if long:
