@@ -231,8 +231,8 @@ def small_windows(stream):
     return pack(stream, 32)[:NUM_WINDOWS]
 
 
-def take(windows, n, seed=5, start_batch=0):
-    dataset = train_dataset(windows, BATCH, seed, RATE, 8000, start_batch=start_batch)
+def take(windows, n, seed=5, start_batch=0, shifted=False):
+    dataset = train_dataset(windows, BATCH, seed, RATE, 8000, start_batch=start_batch, shifted=shifted)
     return [
         ({k: v.numpy() for k, v in inputs.items()}, {k: v.numpy() for k, v in targets.items()})
         for inputs, targets in dataset.take(n)
@@ -317,13 +317,7 @@ def test_shifted_windows_cut_the_stream_anew_each_epoch(small_windows):
     per_epoch = (NUM_WINDOWS - 1) // BATCH
     body_len = small_windows.shape[1] - 1
     runs = np.lib.stride_tricks.sliding_window_view(small_windows[:, 1:].reshape(-1), body_len)
-
-    def take_shifted(n, start_batch=0):
-        dataset = train_dataset(small_windows, BATCH, 5, RATE, 8000, start_batch=start_batch, shifted=True)
-        return [({k: v.numpy() for k, v in inputs.items()}, {k: v.numpy() for k, v in targets.items()})
-                for inputs, targets in dataset.take(n)]
-
-    batches = take_shifted(2 * per_epoch)
+    batches = take(small_windows, 2 * per_epoch, shifted=True)
     offsets = []
     for epoch in range(2):
         starts = []
@@ -337,7 +331,8 @@ def test_shifted_windows_cut_the_stream_anew_each_epoch(small_windows):
         offsets.append(starts[0] % body_len)
     assert offsets[0] != offsets[1]
     for start in (per_epoch - 1, per_epoch + 2):
-        assert all(same_batch(a, b) for a, b in zip(take_shifted(2, start), batches[start:]))
+        assert all(same_batch(a, b) for a, b in zip(take(small_windows, 2, start_batch=start, shifted=True),
+                                                    batches[start:]))
 
 
 def test_long_windows_take_the_last_steps_at_the_same_tokens_per_batch(stream):
