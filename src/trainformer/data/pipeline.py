@@ -160,7 +160,7 @@ def train_dataset(
     `start_batch` and sees exactly the batches an uninterrupted run would have: no iterator
     state to checkpoint, under any distribution strategy.
     """
-    num_windows = len(windows) - 1 if shifted else len(windows)  # a shifted cut leaves one window out
+    num_windows = train_window_count(windows, shifted)
     if num_windows < batch_size:
         raise ValueError(f"{num_windows} training windows are fewer than one batch of {batch_size}")
     batches_per_epoch = num_windows // batch_size  # the remainder of each shuffled epoch is dropped
@@ -189,6 +189,11 @@ def train_dataset(
         .map(masked, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         .prefetch(tf.data.AUTOTUNE)
     )
+
+
+def train_window_count(windows: np.ndarray, shifted: bool) -> int:
+    """Windows an epoch reads: all of the packing's, or one fewer when cut anew (shifted_windows)."""
+    return len(windows) - 1 if shifted else len(windows)
 
 
 def unshifted_windows(windows: np.ndarray):

@@ -18,6 +18,7 @@ from trainformer.data.pipeline import (
     most_frequent_token,
     pack,
     train_dataset,
+    train_window_count,
 )
 from trainformer.data.selective import label_token_weights, most_weighted
 from trainformer.data.tokenizer import Tokenizer, frame
@@ -85,7 +86,7 @@ class MaskedLMTask:
         if long := long_windows(self.config):
             batches.append((self.long_windows, long[1]))
         for windows, batch_size in batches:  # windows: (n, tokens)
-            usable = len(windows) - self.config.data.shift_windows  # a shifted cut holds one window fewer
+            usable = train_window_count(windows, self.config.data.shift_windows)
             if usable < batch_size:
                 raise UserError(f"train.batch_size: {batch_size} is more than the {usable} training "
                                 f"windows of {windows.shape[1]} tokens in {corpus.source}")
