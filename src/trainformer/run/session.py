@@ -22,7 +22,7 @@ from trainformer.config import ExperimentConfig, long_windows
 from trainformer.data.pipeline import distribute
 from trainformer.errors import TrainingError, UserError
 from trainformer.run.attention import AttentionSnapshot, sentence_from_windows
-from trainformer.run.budget import PROBE_STEPS, needs_probe, seconds_per_step, steps_in, steps_set_at_start, with_steps
+from trainformer.run.budget import PROBE_STEPS, needs_probe, probe_batches, seconds_per_step, steps_in, steps_set_at_start, with_steps
 from trainformer.run.teachers import teacher_probabilities
 from trainformer.run_dir import RunDir, environment, now
 from trainformer.tasks import task_for
@@ -126,7 +126,8 @@ def steps_from_minutes(given: ExperimentConfig, config: ExperimentConfig, run: R
         raise UserError("train.minutes: each worker would time its own step and stop at its own count; "
                         "give a cluster train.steps (and train.minutes=0)")
     probe = build_trainer(config, task, strategy)
-    seconds = seconds_per_step(probe, iter(distribute(strategy, task.train_batches(0))))
+    batches = probe_batches(task.train_batches(0), config.train.accumulate)
+    seconds = seconds_per_step(probe, iter(distribute(strategy, batches)))
     steps = steps_in(config.train.minutes, seconds)
     run.write_config(with_steps(given, steps))
     say(f"train.minutes={config.train.minutes:g}: {seconds:.3f} s/step here ({PROBE_STEPS} steps timed on a "
