@@ -202,6 +202,9 @@ def test_impossible_values_name_the_key(override, key):
     (["train.distill_from=runs/teacher"], "train.distill_from: teaches a classifier from others' probabilities; a mlm run"),
     (["task.type=classify", "data.input_mask_rate=1"], "data.input_mask_rate: must be in (0.0, 1.0)"),
     (["task.type=classify", "train.rdrop=-1"], "train.rdrop: must be >= 0"),
+    (["train.label_smoothing=0.1"], "train.label_smoothing: softens a classifier's or a decoder's targets; a mlm run"),
+    (["task.type=classify", "train.label_smoothing=0.1", "train.distill_from=runs/a"],
+     "train.label_smoothing: the labels it would soften are replaced by the teachers' probabilities"),
     (["train.rdrop=1"], "train.rdrop: compares a classifier's two predictions of each text; a mlm run"),
     (["task.type=classify", "train.rdrop=1", "model.dropout=0"], "train.rdrop: compares two dropout draws, and "
                                                                   "model.dropout is 0"),

@@ -110,7 +110,7 @@ class TrainConfig:
     minutes: float = 0.0
     batch_size: int = 32  # windows (mlm) or texts (classify) per micro-batch; seq2seq uses batch_tokens
     batch_tokens: int = 4096  # seq2seq: padded source + target tokens per micro-batch (rows vary with length)
-    label_smoothing: float = 0.0  # seq2seq: share of the target probability spread over the vocabulary
+    label_smoothing: float = 0.0  # seq2seq, classify: share of each training target's probability spread over every token or label
     # electra: the replaced-token loss's weight beside the generator's (ELECTRA's 50). The two share
     # the token embedding, which at 50 follows the discriminator: a small run's generator then
     # stays on the unigram plateau; 1 left it (benchmarks/classify/README.md, "tenth pass")
@@ -457,6 +457,12 @@ def _validate_classify_only(config: ExperimentConfig, origin: str) -> None:
     if t.distill_from and kind != "classify":
         raise ConfigError(f"{origin}: train.distill_from: teaches a classifier from others' probabilities; a "
                           f"{kind} run has no labels to replace (leave it empty)")
+    if t.label_smoothing and kind in ("mlm", "electra"):
+        raise ConfigError(f"{origin}: train.label_smoothing: softens a classifier's or a decoder's targets; a {kind} "
+                          f"run's are not smoothed (leave it at 0)")
+    if t.label_smoothing and t.distill_from:
+        raise ConfigError(f"{origin}: train.label_smoothing: the labels it would soften are replaced by the "
+                          f"teachers' probabilities under train.distill_from (leave one of them at 0 / empty)")
     if t.rdrop < 0:
         raise ConfigError(f"{origin}: train.rdrop: must be >= 0 (0: off), got {t.rdrop}")
     if t.rdrop and kind != "classify":

@@ -90,6 +90,19 @@ def test_the_loss_is_the_cross_entropy_against_the_soft_targets_when_there_are_s
     assert float(taught["correct"]) == float(hard["correct"]) == 2  # accuracy counts the labels either way
 
 
+def test_label_smoothing_moves_that_share_of_each_target_onto_every_label_in_training_only():
+    logits = tf.constant([[2.0, -1.0, 0.0], [0.5, 0.0, 1.0]])
+    targets = {"labels": tf.constant([0, 2])}
+    log_p = tf.nn.log_softmax(logits).numpy()
+    smoothed = np.array([[0.8, 0.0, 0.0], [0.0, 0.0, 0.8]]) + 0.2 / 3  # (1 - 0.2) one-hot + 0.2 / 3 labels
+    np.testing.assert_allclose(float(classify_sums(logits, targets, 0.2)["loss_sum"]), -np.sum(smoothed * log_p),
+                               rtol=1e-6)
+    config = load_config(None, ["task.type=classify", "train.label_smoothing=0.2"])
+    trained = float(ClassifyTask(config).loss_sums(logits, targets)["loss_sum"])
+    np.testing.assert_allclose(trained, -np.sum(smoothed * log_p), rtol=1e-6)  # the task trains on it
+    assert trained > float(classify_sums(logits, targets)["loss_sum"])  # eval's loss (the labels as they are)
+
+
 def test_under_rdrop_each_text_comes_twice_side_by_side_in_the_batch_it_came_in_once():
     examples = framed_examples()
     once = train_dataset(examples, 8, seed=5, seq_len=64).take(4)

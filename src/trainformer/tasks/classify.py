@@ -35,14 +35,19 @@ SPLITS = ("train", "valid", "test")
 LABELS_FILE = "labels.json"
 
 
-def classify_sums(logits: tf.Tensor, targets: dict) -> dict[str, tf.Tensor]:
+def classify_sums(logits: tf.Tensor, targets: dict, label_smoothing: float = 0.0) -> dict[str, tf.Tensor]:
     """Cross-entropy and accuracy summed over the rows. logits: (batch, labels) float32. The
-    cross-entropy is against the labels, or against targets["soft"] (batch, labels), the
-    teachers' probabilities, where a distilled run's training batches carry them; accuracy
-    always counts the labels."""
+    cross-entropy is against the labels, with label_smoothing of each target's probability
+    spread evenly over every label (Szegedy et al. 2016; training only: eval scores the labels
+    as they are), or against targets["soft"] (batch, labels), the teachers' probabilities, where
+    a distilled run's training batches carry them; accuracy always counts the labels."""
     labels = targets["labels"]  # (batch,)
     if "soft" in targets:
         losses = tf.nn.softmax_cross_entropy_with_logits(targets["soft"], logits)
+    elif label_smoothing:
+        num_labels = logits.shape[-1]
+        smoothed = tf.one_hot(labels, num_labels) * (1.0 - label_smoothing) + label_smoothing / num_labels
+        losses = tf.nn.softmax_cross_entropy_with_logits(smoothed, logits)  # (batch,)
     else:
         losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
     hits = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels), tf.float32)
@@ -50,12 +55,12 @@ def classify_sums(logits: tf.Tensor, targets: dict) -> dict[str, tf.Tensor]:
             "count": tf.cast(tf.shape(labels)[0], tf.float32)}
 
 
-def rdrop_sums(logits: tf.Tensor, targets: dict, weight: float) -> dict[str, tf.Tensor]:
+def rdrop_sums(logits: tf.Tensor, targets: dict, weight: float, label_smoothing: float = 0.0) -> dict[str, tf.Tensor]:
     """classify_sums, plus, where the rows come in pairs (a training batch under train.rdrop:
     each text twice, two dropout draws), weight / 2 times the symmetric KL divergence of each
     pair's predictions (Liang et al. 2021's loss, summed like the cross-entropy)."""
-    sums = classify_sums(logits, targets)
-    if "paired" not in targets:  # an eval batch: one row per text
+    sums = classify_sums(logits, targets, label_smoothing)
+    if "paired" not in targets:  # an eval batch, or a run without R-Drop: one row per text
         return sums
     log_p = tf.reshape(tf.nn.log_softmax(logits), [-1, 2, logits.shape[-1]])  # (texts, 2 draws, labels)
     # KL(p||q) + KL(q||p) = sum over labels of (p - q) * (log p - log q)
@@ -97,8 +102,8 @@ class ClassifyTask:
     def __init__(self, config: ExperimentConfig):
         self.config = config
         self.vocab_size = config.tokenizer.vocab_size  # until prepare() loads the run's vocabulary
-        rdrop = config.train.rdrop
-        self.loss_sums = (lambda logits, targets: rdrop_sums(logits, targets, rdrop)) if rdrop else classify_sums
+        t = config.train
+        self.loss_sums = lambda logits, targets: rdrop_sums(logits, targets, t.rdrop, t.label_smoothing)
         self.items_per_step = config.train.accumulate * config.train.batch_size
 
     def prepare(self, run: RunDir, corpus: LabelledCorpus, say=print, may_create_vocabulary: bool = True) -> None:
