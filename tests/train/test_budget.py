@@ -1,11 +1,13 @@
 """train.minutes' probe (run/budget.py): the clock runs only over steps whose batch widths the
-step function has met, so a length-bucketed classifier's traces are not counted as its step."""
+step function has met, so a length-bucketed classifier's traces are not counted as its step,
+and over batches sized as the run's are, not as its first few."""
 
 import time
 
+import numpy as np
 import tensorflow as tf
 
-from trainformer.run.budget import probe_batches, seconds_per_step
+from trainformer.run.budget import PROBE_STEPS, probe_batches, seconds_per_step
 
 TRACE_S = 0.1  # what a step costs on a width it has not met yet: a tf.function's retrace
 
@@ -25,8 +27,19 @@ class TracingTrainer:
         return {"loss_sum": tf.constant(0.0)}
 
 
+def batches_of_widths(widths: list[int]) -> tf.data.Dataset:
+    return tf.data.Dataset.from_tensor_slices(widths).map(lambda width: tf.zeros(tf.stack([2, width])))
+
+
 def test_the_probe_times_steps_on_widths_it_has_traced():
     # every batch a width of its own, as the first batches of a length-bucketed epoch nearly are
-    batches = tf.data.Dataset.range(1, 1000).map(lambda width: tf.zeros(tf.stack([2, width])))
+    batches = batches_of_widths(list(range(1, 1000)))
     seconds = seconds_per_step(TracingTrainer(), iter(probe_batches(batches, accumulate=1)))
     assert seconds < TRACE_S / 4  # timed on first sight, every step would take TRACE_S
+
+
+def test_the_probe_batches_are_sized_as_the_runs_not_as_its_first_few():
+    widths = [200] * PROBE_STEPS + list(range(1, 181))  # the widest first, as an unlucky epoch may begin
+    chosen = [int(batch.shape[1]) for batch in probe_batches(batches_of_widths(widths), 1).take(2 * PROBE_STEPS)]
+    assert chosen[:PROBE_STEPS] == chosen[PROBE_STEPS:]  # the same batches, pass after pass
+    assert abs(np.mean(chosen) - np.mean(widths)) < 2  # 101.9 against 101.5; the first 20 average 200

@@ -3,11 +3,14 @@
 The learning-rate schedule is laid out over train.steps from the first step (the warmup, the
 triangle's peak at 75%, the decay to 0), so a budget cannot be checked as the run goes. A new
 run times its own step on this machine instead: a throwaway copy of the model and optimizer
-steps through the run's first PROBE_STEPS batches twice, untimed then timed, and train.steps
-becomes what fits in the budget. Twice, because a classifier's length-bucketed batches come in
-a dozen widths and the step function is traced once per width, a second or more each: timed
-on first sight, a 20-step sample counts those traces as the step's cost and sets a fraction of
-the steps that fit (zh-sentiment: docs/measured.md). The run then
+steps twice through PROBE_STEPS of the run's batches, untimed then timed, and train.steps
+becomes what fits in the budget. A classifier's length-bucketed batches are what make this
+more than a stopwatch: they come in a dozen widths, 16 to 256 tokens, and the step function
+is traced once per width, a second or more each. Timed on first sight, the traces counted as
+the step's cost; and the first 20 batches are a small sample of widths (zh-sentiment's averaged
+112 tokens, its epoch 83). So the probe steps through its batches once before the clock
+starts, and takes them from PROBE_POOL times as many, one from each slice of them by size
+(docs/measured.md: zh-sentiment's budget set 553 steps where ~1,800 fit). The run then
 trains exactly as one given that train.steps would, bit for bit (session re-seeds after the
 probe), its config.yaml says how many, and a resumed run keeps the count it set.
 """
@@ -23,6 +26,7 @@ from trainformer.config import ExperimentConfig
 from trainformer.run_dir import RunDir
 
 PROBE_STEPS = 20
+PROBE_POOL = 10  # the timed batches are every PROBE_POOL-th of PROBE_POOL x as many, by size
 
 
 def with_steps(config: ExperimentConfig, steps: int) -> ExperimentConfig:
@@ -42,14 +46,23 @@ def needs_probe(config: ExperimentConfig, run: RunDir) -> bool:
 
 
 def probe_batches(global_batches: tf.data.Dataset, accumulate: int) -> tf.data.Dataset:
-    """The run's first PROBE_STEPS steps' batches, over and over: what seconds_per_step reads."""
-    return global_batches.take(PROBE_STEPS * accumulate).repeat()
+    """PROBE_STEPS steps' batches, over and over (what seconds_per_step reads), sized as the
+    run's are: of its first PROBE_POOL x as many, sorted by size, the middle one of each
+    PROBE_POOL in a row."""
+    pool = sorted(global_batches.take(PROBE_POOL * PROBE_STEPS * accumulate), key=elements)
+    chosen = pool[PROBE_POOL // 2 :: PROBE_POOL]
+    return tf.data.Dataset.from_generator(lambda: iter(chosen), output_signature=global_batches.element_spec).repeat()
+
+
+def elements(batch) -> int:
+    """How many numbers a batch holds, its tensors' sizes summed: what a step's cost grows with."""
+    return sum(int(tf.size(tensor)) for tensor in tf.nest.flatten(batch))
 
 
 def seconds_per_step(trainer, batches) -> float:
-    """The mean wall time of a training step of trainer on PROBE_STEPS batches that it has
-    stepped through once already (batches: an iterator over probe_batches), so every width is
-    traced before the clock starts; each step is waited for (the loss comes back to the host,
+    """The mean wall time of a training step of trainer on the PROBE_STEPS steps' batches of
+    probe_batches (batches: an iterator over them), each stepped through once before the clock
+    starts, so that every width is traced; each step is waited for (the loss comes back to the host,
     as in the loop's per-step finiteness check)."""
     for _ in range(PROBE_STEPS):
         trainer.train_step(batches)["loss_sum"].numpy()
