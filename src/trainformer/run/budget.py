@@ -4,15 +4,17 @@ The learning-rate schedule is laid out over train.steps from the first step (the
 triangle's peak at 75%, the decay to 0), so a budget cannot be checked as the run goes. A new
 run times its own step on this machine instead: a throwaway copy of the model and optimizer
 steps twice through PROBE_STEPS of the run's batches, untimed then timed, and train.steps
-becomes what fits in the budget. A classifier's length-bucketed batches are what make this
-more than a stopwatch: they come in a dozen widths, 16 to 256 tokens, and the step function
-is traced once per width, a second or more each. Timed on first sight, the traces counted as
-the step's cost; and the first 20 batches are a small sample of widths (zh-sentiment's averaged
-112 tokens, its epoch 83). So the probe steps through its batches once before the clock
-starts, and takes them from PROBE_POOL times as many, one from each slice of them by size
-(docs/measured.md: zh-sentiment's budget set 553 steps where ~1,800 fit). The run then
-trains exactly as one given that train.steps would, bit for bit (session re-seeds after the
-probe), its config.yaml says how many, and a resumed run keeps the count it set.
+becomes what fits in the budget. The run then trains exactly as one given that train.steps
+would, bit for bit (session re-seeds after the probe), its config.yaml says how many, and a
+resumed run keeps the count it set.
+
+A classifier's length-bucketed batches are why the probe is more than a stopwatch: they come
+in a dozen widths, 16 to 256 tokens, and the step function is traced once per width, a second
+or more each; and 20 batches in a row are a small sample of widths. So the probe steps through
+its batches once before the clock starts, and takes them from PROBE_POOL times as many, one
+from each slice by size. zh-sentiment's 13 minutes were 553 steps when the traces were timed,
+1,218 traced but from its first 20 batches (112 tokens wide on average, its epoch 83), and
+are 1,611-1,641 now, as the loop's pace says (docs/measured.md).
 """
 
 from __future__ import annotations
