@@ -442,8 +442,9 @@ def teachers(config: ExperimentConfig) -> list[str]:
 
 
 def _validate_classify_only(config: ExperimentConfig, origin: str) -> None:
-    """Fine-tuning keys that only a classifier has a use for: elsewhere they would do nothing
-    (or, for layer_decay on a model without its encoder-and-head layout, the wrong thing)."""
+    """Fine-tuning keys that only a classifier (label_smoothing: or a decoder) has a use for:
+    elsewhere they would do nothing (or, for layer_decay on a model without its encoder-and-head
+    layout, the wrong thing)."""
     t = config.train
     if not 0 < t.layer_decay <= 1:
         raise ConfigError(f"{origin}: train.layer_decay: must be in (0, 1] (1.0: off), got {t.layer_decay}")

@@ -64,8 +64,8 @@ def elements(batch) -> int:
 def seconds_per_step(trainer, batches) -> float:
     """The mean wall time of a training step of trainer on the PROBE_STEPS steps' batches of
     probe_batches (batches: an iterator over them), each stepped through once before the clock
-    starts, so that every width is traced; each step is waited for (the loss comes back to the host,
-    as in the loop's per-step finiteness check)."""
+    starts, so that every width is traced; each step is waited for (the loss comes back to the
+    host, as in the loop's per-step finiteness check)."""
     for _ in range(PROBE_STEPS):
         trainer.train_step(batches)["loss_sum"].numpy()
     started = time.perf_counter()
