@@ -22,7 +22,15 @@ from trainformer.config import ExperimentConfig, long_windows
 from trainformer.data.pipeline import distribute
 from trainformer.errors import TrainingError, UserError
 from trainformer.run.attention import AttentionSnapshot, sentence_from_windows
-from trainformer.run.budget import PROBE_STEPS, needs_probe, probe_batches, seconds_per_step, steps_in, steps_set_at_start, with_steps
+from trainformer.run.budget import (
+    PROBE_STEPS,
+    needs_probe,
+    probe_batches,
+    seconds_per_step,
+    steps_in,
+    steps_set_at_start,
+    with_steps,
+)
 from trainformer.run.teachers import teacher_probabilities
 from trainformer.run_dir import RunDir, environment, now
 from trainformer.tasks import task_for

@@ -25,6 +25,8 @@ tasks/seq2seq.py Seq2SeqTask (translation, summarization) generates text with mo
 `shape_generic` asks for one shape-generic trace of the train step (batches of varying shape).
 A task never imports the engine (train/) or run orchestration (run/), nor another task, bar one:
 tasks/electra.py ElectraTask extends MaskedLMTask (the same windows and masks, another objective).
+What several tasks share lives beside them: tasks/losses.py (label smoothing), tasks/serving.py,
+tasks/text_scores.py, tasks/vocabulary.py.
 """
 
 from __future__ import annotations
