@@ -99,13 +99,14 @@ def intent_export(tmp_path_factory):
     format (quantized TFLite too) by the real command into the export base "intent", where it is
     version 20 (the checkpoint's step): IntentExport(run_dir, base, stdout, version_dir). Its
     encoder adds character n-grams (model.ngram_buckets), so every format's parity covers their
-    hashing too; the masked LM and translation exports have none."""
+    hashing too, and its vocabulary is word-aware (tokenizer.words), so every format reads the
+    words the exported tokenizer.py splits; the masked LM and translation exports have neither."""
     from cli_helpers import TINY, trainformer
 
     def build(root):
         # fp32: an export is float32, and the tests compare it with predict on the run itself
         trainformer("train", "zh-intent", "--run-dir", str(root / "run"), *TINY, "--set", "train.steps=20",
-                    "--set", "train.precision=fp32", "--set", "model.ngram_buckets=64")
+                    "--set", "train.precision=fp32", "--set", "model.ngram_buckets=64", "--set", "tokenizer.words=true")
         result = trainformer("export", str(root / "run"), "--out", str(root / "intent"), "--quantize", "dynamic,float16")
         (root / "export.out").write_text(result.stdout)
 

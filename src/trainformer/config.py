@@ -98,6 +98,9 @@ class TokenizerConfig:
     vocab_size: int = 8000
     min_frequency: int = 2
     lowercase: bool = True
+    # word-aware (WoBERT's idea): a run of Chinese characters is one word, split into learned
+    # multi-character pieces ("手机", "不错") instead of one token per character: 0.68x the tokens
+    words: bool = False
     vocab_file: str = ""  # an existing vocab.txt to use instead of training one
 
 

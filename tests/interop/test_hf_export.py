@@ -21,7 +21,7 @@ from safetensors.numpy import load_file, save_file
 from test_hf_import import FIXTURE, REFERENCE, TOLERANCE, copy_fixture, fixture_tensors, hidden_state_error, quiet
 
 from trainformer.config import CHOICES, load_config
-from trainformer.data.tokenizer import Tokenizer
+from trainformer.data.tokenizer import Tokenizer, train_vocab
 from trainformer.errors import UserError
 from trainformer.interop.bert_mapping import (HF_ACTIVATIONS, HIDDEN_ACTS, TOKEN_TYPE_TABLE, full_name, model_ties,
                                               pooler_ties)
@@ -253,6 +253,16 @@ def test_mean_pooling_is_refused(tmp_path):
 def test_ngram_embeddings_and_bias_free_blocks_are_refused(tmp_path, setting, refused):
     run_dir = config_only_run(tmp_path / "run", "zh-bert-tiny", "model.norm=post", "model.position=learned", setting)
     with pytest.raises(UserError, match=f"{refused} has no Hugging Face BERT equivalent") as caught:
+        export_hf(run_dir, tmp_path / "out", say=quiet)
+    assert "\n" not in str(caught.value) and not (tmp_path / "out").exists()
+
+
+def test_a_word_aware_vocabulary_is_refused(tmp_path):
+    """BERT's tokenizer splits every Chinese character: it would read other ids than ours."""
+    run_dir = config_only_run(tmp_path / "run", "zh-bert-tiny", "model.norm=post", "model.position=learned")
+    train_vocab(["这个手机很好用"] * 3, run_dir / "tokenizer", 100, 2, lowercase=True, words=True)
+    with pytest.raises(UserError, match=r"tokenizer.json: a word-aware vocabulary \(tokenizer.words\) has no "
+                                        r"Hugging Face BERT tokenizer equivalent") as caught:
         export_hf(run_dir, tmp_path / "out", say=quiet)
     assert "\n" not in str(caught.value) and not (tmp_path / "out").exists()
 

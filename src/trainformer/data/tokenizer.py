@@ -18,7 +18,7 @@ from typing import Iterable
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from trainformer.data.wordpiece import train_wordpiece
+from trainformer.data.wordpiece import CJK_RANGES, MAX_WORD_BYTES, PREFIX, is_chinese, train_wordpiece
 from trainformer.errors import UserError
 from trainformer.files import write_atomic
 from trainformer.tokens import CLS_ID, MASK_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, UNK_ID  # noqa: F401 (re-read by data/)
@@ -28,23 +28,30 @@ VOCAB_FILE = "vocab.txt"
 # letters of scripts written without spaces (Chinese, Japanese kana).
 UNSPACED = r"[^\pL\pN]|[\p{Han}\p{Hiragana}\p{Katakana}]"
 SETTINGS_FILE = "tokenizer.json"
+# Word-aware mode's words (RE2), after FastBertNormalizer: cut at whitespace; kept as words of
+# their own: BERT's punctuation (every ASCII symbol, Unicode P*), a run of known Chinese
+# characters (the vocabulary's; set per vocabulary), and any other Chinese character alone.
+WHITESPACE = r"[\s\p{Z}]+"
+PUNCTUATION = r"[!-/:-@\[-`{-~]|\pP"
+CHINESE = "".join(f"\\x{{{low:X}}}-\\x{{{high:X}}}" for low, high in CJK_RANGES)
 
 
 def train_vocab(
-    texts: Iterable[str], out_dir: Path, vocab_size: int, min_frequency: int, lowercase: bool
+    texts: Iterable[str], out_dir: Path, vocab_size: int, min_frequency: int, lowercase: bool, words: bool = False
 ) -> Path:
     """Learn a WordPiece vocabulary and write vocab.txt (+ settings) into out_dir.
 
     Deterministic: the same texts and settings give a byte-identical vocab.txt in any process.
     Every character of the texts is kept (on Chinese text, a cut alphabet would turn rare
     characters into [UNK]); then the most frequent pairs are merged until vocab_size tokens or
-    no pair is seen min_frequency times (data/wordpiece.py).
+    no pair is seen min_frequency times (data/wordpiece.py). words=True: word-aware (runs of
+    Chinese characters are words, their pieces without "##").
     """
-    vocab = train_wordpiece(texts, vocab_size, min_frequency, lowercase, SPECIAL_TOKENS)
-    return _write_vocab(out_dir, vocab, lowercase)
+    vocab = train_wordpiece(texts, vocab_size, min_frequency, lowercase, SPECIAL_TOKENS, words)
+    return _write_vocab(out_dir, vocab, lowercase, words)
 
 
-def copy_vocab(vocab_file: str, out_dir: Path, lowercase: bool) -> Path:
+def copy_vocab(vocab_file: str, out_dir: Path, lowercase: bool, words: bool = False) -> Path:
     """Use an existing vocab.txt instead of training one (e.g. bert-base-chinese's, or one
     vocabulary for runs on different corpora)."""
     source = Path(vocab_file).expanduser()
@@ -56,17 +63,48 @@ def copy_vocab(vocab_file: str, out_dir: Path, lowercase: bool) -> Path:
             raise UserError(f"{source}:{line}: expected special token {expected}, found {token!r}")
     if len(vocab) <= len(SPECIAL_TOKENS):
         raise UserError(f"{source}: holds no tokens beyond the special tokens")
-    return _write_vocab(out_dir, vocab, lowercase)
+    return _write_vocab(out_dir, vocab, lowercase, words)
 
 
-def _write_vocab(out_dir: Path, vocab: list[str], lowercase: bool) -> Path:
+def read_settings(folder: Path) -> dict:
+    """tokenizer.json: {"lowercase": bool, "words": bool, ...} ("words" absent: false, as
+    written before word-aware vocabularies)."""
+    return {"words": False, **json.loads(Path(folder, SETTINGS_FILE).read_text())}
+
+
+def _write_vocab(out_dir: Path, vocab: list[str], lowercase: bool, words: bool = False) -> Path:
     """Settings first, then vocab.txt, each atomically: a run dir whose vocab.txt exists has a
     complete tokenizer (a crash in between leaves none, and the next attempt makes it again)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    settings = {"lowercase": lowercase, "normalization": "NFKC", "special_tokens": SPECIAL_TOKENS}
+    settings = {"lowercase": lowercase, "words": words, "normalization": "NFKC", "special_tokens": SPECIAL_TOKENS}
     write_atomic(out_dir / SETTINGS_FILE, json.dumps(settings, indent=2))
     write_atomic(out_dir / VOCAB_FILE, "".join(f"{token}\n" for token in vocab))
     return out_dir / VOCAB_FILE
+
+
+def known_chinese(vocab: list[str]) -> str:
+    """The Chinese characters vocab holds as tokens, as an RE2 character class body (ranges
+    of consecutive code points: a short pattern)."""
+    codes = sorted(ord(token) for token in vocab if len(token) == 1 and is_chinese(token))
+    ranges: list[list[int]] = []
+    for code in codes:
+        if ranges and code == ranges[-1][1] + 1:
+            ranges[-1][1] = code
+        else:
+            ranges.append([code, code])
+    return "".join(f"\\x{{{low:X}}}-\\x{{{high:X}}}" for low, high in ranges)
+
+
+def word_aware_pieces(vocab: list[str]) -> tuple[list[str], tf.Tensor]:
+    """WordPiece pieces for word-aware mode, and each piece's token id.
+
+    tensorflow-text marks every piece after a word's first with "##"; inside a Chinese run
+    that piece is the same token as at its start. So each Chinese token t is also a piece
+    "##t", which maps to t's id: the model's vocabulary stays one token per word.
+    """
+    continued = [i for i, token in enumerate(vocab) if is_chinese(token[0])]
+    pieces = vocab + [PREFIX + vocab[i] for i in continued]
+    return pieces, tf.constant(list(range(len(vocab))) + continued, tf.int32)
 
 
 def frame(ids: tf.RaggedTensor, seq_len: int) -> tuple[tf.RaggedTensor, tf.Tensor]:
@@ -84,28 +122,42 @@ class Tokenizer(tf.Module):
     Args:
         vocab: the WordPiece vocabulary, special tokens first (see SPECIAL_TOKENS).
         lowercase: lowercase and strip accents, as the vocabulary was trained.
+        words: a word-aware vocabulary (tokenizer.words): a run of Chinese characters is one
+            word, split greedily longest-match-first into the vocabulary's pieces (its
+            multi-character words), a Chinese character it does not hold is [UNK] alone.
 
     Example:
         tokenizer = Tokenizer.load(run_dir / "tokenizer")
         ids = tokenizer(tf.constant(["人民日报"]))  # RaggedTensor (batch, None) int32
     """
 
-    def __init__(self, vocab: list[str], lowercase: bool = True):
+    def __init__(self, vocab: list[str], lowercase: bool = True, words: bool = False):
         super().__init__(name="tokenizer")
         if tuple(vocab[: len(SPECIAL_TOKENS)]) != SPECIAL_TOKENS:
             raise ValueError(f"vocabulary must start with {SPECIAL_TOKENS}, got {vocab[:5]}")
         self.vocab = vocab
         self.lowercase = lowercase
+        self.words = words
         self._pieces = tf.constant(vocab)  # id -> piece, for text()
-        self._wordpiece = tf_text.FastBertTokenizer(
-            vocab, token_out_type=tf.int32, unknown_token="[UNK]", lower_case_nfd_strip_accents=lowercase
-        )
+        if words:
+            self._normalizer = tf_text.FastBertNormalizer(lower_case_nfd_strip_accents=lowercase)
+            known = known_chinese(vocab)
+            self._kept_words = (f"[{known}]+|" if known else "") + f"[{CHINESE}]|{PUNCTUATION}"
+            pieces, self._piece_ids = word_aware_pieces(vocab)
+            self._wordpiece = tf_text.FastWordpieceTokenizer(
+                pieces, token_out_type=tf.int32, unknown_token="[UNK]", no_pretokenization=True,
+                max_bytes_per_word=MAX_WORD_BYTES,
+            )
+        else:
+            self._wordpiece = tf_text.FastBertTokenizer(
+                vocab, token_out_type=tf.int32, unknown_token="[UNK]", lower_case_nfd_strip_accents=lowercase
+            )
 
     @classmethod
     def load(cls, folder: Path) -> "Tokenizer":
         vocab = Path(folder, VOCAB_FILE).read_text(encoding="utf-8").splitlines()
-        settings = json.loads(Path(folder, SETTINGS_FILE).read_text())
-        return cls(vocab, lowercase=settings["lowercase"])
+        settings = read_settings(folder)
+        return cls(vocab, lowercase=settings["lowercase"], words=settings["words"])
 
     @property
     def vocab_size(self) -> int:
@@ -113,12 +165,19 @@ class Tokenizer(tf.Module):
 
     @property
     def vocab_hash(self) -> str:
-        """sha256 of the vocabulary: part of every token cache key (new ids, new cache)."""
-        return hashlib.sha256("\n".join(self.vocab).encode("utf-8")).hexdigest()
+        """sha256 of the vocabulary (and of word-aware mode, which splits differently): part of
+        every token cache key (new ids, new cache)."""
+        return hashlib.sha256(("\n".join(self.vocab) + ("\n[words]" if self.words else "")).encode("utf-8")).hexdigest()
 
     def __call__(self, texts: tf.Tensor) -> tf.RaggedTensor:
         """(batch,) strings -> (batch, None) int32 ids, no special tokens added."""
-        return self._wordpiece.tokenize(tf_text.normalize_utf8(texts, "NFKC"))
+        texts = tf_text.normalize_utf8(texts, "NFKC")
+        if not self.words:
+            return self._wordpiece.tokenize(texts)
+        words = tf_text.regex_split(self._normalizer.normalize(texts), f"{WHITESPACE}|{self._kept_words}",
+                                    self._kept_words)  # (batch, words)
+        pieces = self._wordpiece.tokenize(words).merge_dims(1, 2)  # (batch, None) ids of `pieces`
+        return pieces.with_flat_values(tf.gather(self._piece_ids, pieces.flat_values))
 
     def detokenize(self, ids) -> list[str]:
         return [self.vocab[i] for i in ids]

@@ -25,6 +25,11 @@ It reproduces, id for id, `tf_text.normalize_utf8(text, "NFKC")` followed by ten
 4. WordPiece on each word: greedy longest match first, "##" marking pieces inside a word. A
    word of more than 100 UTF-8 bytes, or one the vocabulary cannot cover, is one [UNK].
 
+A word-aware vocabulary (tokenizer.json "words": true) differs in steps 3 and 4: a run of the
+Chinese characters the vocabulary holds is one word and its pieces carry no "##" (a piece
+inside the run is the token it is at a run's start); a Chinese character the vocabulary lacks
+is a word of its own; no byte limit (1 MiB).
+
 Characters that this Python's `unicodedata` does not know yet (assigned in a later Unicode
 version than its own; tensorflow-text 2.21 uses Unicode 16, Python 3.11 knows Unicode 14) may
 come out differently; every character Python knows gives the in-graph ids.
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import unicodedata
 from functools import lru_cache
@@ -45,6 +51,7 @@ SETTINGS_FILE = "tokenizer.json"
 PAD, UNK, CLS, SEP = "[PAD]", "[UNK]", "[CLS]", "[SEP]"
 SUFFIX = "##"  # marks a piece that continues a word
 MAX_BYTES_PER_WORD = 100  # FastWordpieceTokenizer's max_bytes_per_word: longer words are [UNK]
+MAX_WORD_BYTES_WORD_AWARE = 1 << 20  # the same with a word-aware vocabulary
 
 # BERT's `_is_chinese_char` blocks: each ideograph is a word of its own.
 CJK_RANGES = (
@@ -64,18 +71,21 @@ DEFAULT_IGNORABLE = frozenset(
 )
 
 
-def is_word_of_its_own(char: str) -> bool:
+def is_punctuation(char: str) -> bool:
     """Punctuation as BERT (and tensorflow-text) sees it: every ASCII character that is not a
-    letter, digit, space or control, any Unicode P* character, and CJK ideographs."""
+    letter, digit, space or control, and any Unicode P* character."""
     if char.isascii():
         return 33 <= ord(char) <= 126 and not char.isalnum()
-    if unicodedata.category(char).startswith("P"):
-        return True
-    code = ord(char)
-    for low, high in CJK_RANGES:
-        if low <= code <= high:
-            return True
-    return False
+    return unicodedata.category(char).startswith("P")
+
+
+def is_chinese(char: str) -> bool:
+    return any(low <= ord(char) <= high for low, high in CJK_RANGES)
+
+
+def is_word_of_its_own(char: str) -> bool:
+    """BERT's words of one character: punctuation and CJK ideographs."""
+    return is_punctuation(char) or is_chinese(char)
 
 
 def normalize_char(char: str, lowercase: bool) -> str:
@@ -93,16 +103,18 @@ def normalize_char(char: str, lowercase: bool) -> str:
 
 
 class _CharMap(dict):
-    """Code point -> its normalized text with spaces around each word-of-its-own character,
-    for `str.translate`: filled lazily, so each distinct character is worked out once."""
+    """Code point -> its normalized text with spaces around each character that is_alone
+    says is a word of its own, for `str.translate`: filled lazily, so each distinct character
+    is worked out once."""
 
-    def __init__(self, lowercase: bool):
+    def __init__(self, lowercase: bool, is_alone):
         super().__init__()
         self.lowercase = lowercase
+        self.is_alone = is_alone
 
     def __missing__(self, code: int) -> str:
         normalized = normalize_char(chr(code), self.lowercase)
-        self[code] = "".join(f" {c} " if is_word_of_its_own(c) else c for c in normalized)
+        self[code] = "".join(f" {c} " if self.is_alone(c) else c for c in normalized)
         return self[code]
 
 
@@ -113,15 +125,17 @@ class WordPieceTokenizer:
         vocab: the WordPiece vocabulary, one token per id ("[PAD]", "[UNK]", "[CLS]", "[SEP]"
             among them).
         lowercase: lowercase and strip accents, as the vocabulary was trained.
+        words: a word-aware vocabulary (see the module's docstring).
 
     Example:
         tokenizer = WordPieceTokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "un", "##able"])
         tokenizer.tokenize("Unable")  # [4, 5]
     """
 
-    def __init__(self, vocab: List[str], lowercase: bool = True):
+    def __init__(self, vocab: List[str], lowercase: bool = True, words: bool = False):
         self.vocab = list(vocab)
         self.lowercase = lowercase
+        self.word_aware = words
         self.ids = {token: i for i, token in enumerate(self.vocab)}
         if len(self.ids) != len(self.vocab):
             raise ValueError("the vocabulary holds a token twice")
@@ -129,7 +143,12 @@ class WordPieceTokenizer:
         if missing:
             raise ValueError(f"the vocabulary lacks the special tokens {missing}")
         self.pad_id, self.unk_id, self.cls_id, self.sep_id = (self.ids[t] for t in (PAD, UNK, CLS, SEP))
-        self._chars = _CharMap(lowercase)
+        self._chars = _CharMap(lowercase, is_punctuation if words else is_word_of_its_own)
+        if words:  # runs of known Chinese characters, an unknown one alone, anything else
+            known = "".join(t for t in self.vocab if len(t) == 1 and is_chinese(t))
+            chinese = "".join(f"{chr(low)}-{chr(high)}" for low, high in CJK_RANGES)
+            self._runs = re.compile(f"[{known}]+|[{chinese}]|[^{chinese}]+") if known else re.compile(
+                f"[{chinese}]|[^{chinese}]+")
         self._longest = max(len(token) for token in self.vocab)  # no longer piece can match
         self._word_ids = lru_cache(maxsize=1 << 16)(self._wordpiece)
 
@@ -146,8 +165,10 @@ class WordPieceTokenizer:
             raise ValueError(f"{folder / SETTINGS_FILE}: needs \"lowercase\": true or false")
         if settings.get("normalization", "NFKC") != "NFKC":
             raise ValueError(f"{folder / SETTINGS_FILE}: normalization {settings['normalization']!r} is not NFKC")
+        if not isinstance(settings.get("words", False), bool):
+            raise ValueError(f"{folder / SETTINGS_FILE}: \"words\" must be true or false")
         vocab = (folder / VOCAB_FILE).read_text(encoding="utf-8").splitlines()
-        return cls(vocab, lowercase=settings["lowercase"])
+        return cls(vocab, lowercase=settings["lowercase"], words=settings.get("words", False))
 
     def words(self, text: str) -> List[str]:
         """The words WordPiece splits: normalized, cut at whitespace and around punctuation.
@@ -155,7 +176,10 @@ class WordPieceTokenizer:
         str.split() cuts at Unicode White_Space and at U+001C..U+001F, which are control
         characters and so already spaces here: the same cuts as tensorflow-text's.
         """
-        return unicodedata.normalize("NFKC", text).translate(self._chars).split()
+        spaced = unicodedata.normalize("NFKC", text).translate(self._chars).split()
+        if not self.word_aware:
+            return spaced
+        return [run for chunk in spaced for run in self._runs.findall(chunk)]
 
     def tokenize(self, text: str) -> List[int]:
         """WordPiece ids of text, no special tokens added."""
@@ -187,12 +211,13 @@ class WordPieceTokenizer:
     def _wordpiece(self, word: str) -> Tuple[int, ...]:
         """Greedy longest-match-first pieces of one word; [UNK] for the whole word when it is
         too long or some part of it matches no piece."""
-        if len(word.encode("utf-8")) > MAX_BYTES_PER_WORD:
+        if len(word.encode("utf-8")) > (MAX_WORD_BYTES_WORD_AWARE if self.word_aware else MAX_BYTES_PER_WORD):
             return (self.unk_id,)
+        joined = self.word_aware and is_chinese(word[0])  # a Chinese run: no "##" inside
         pieces = []
         start = 0
         while start < len(word):
-            prefix = SUFFIX if start else ""
+            prefix = SUFFIX if start and not joined else ""
             for end in range(min(len(word), start + self._longest), start, -1):
                 piece = self.ids.get(prefix + word[start:end])
                 if piece is not None:

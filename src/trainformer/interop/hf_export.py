@@ -32,9 +32,8 @@ import numpy as np
 import tensorflow as tf
 
 from trainformer.config import ExperimentConfig
-from trainformer.data.tokenizer import SETTINGS_FILE, VOCAB_FILE
+from trainformer.data.tokenizer import SETTINGS_FILE, VOCAB_FILE, read_settings
 from trainformer.errors import UserError
-from trainformer.files import read_json
 from trainformer.interop.bert_mapping import (
     CONFIG_KEYS,
     EPSILON,
@@ -73,6 +72,11 @@ def export_hf(run_dir: Path, out: Path, which: str | None = None, say=print) -> 
     run, out = RunDir(Path(run_dir)), Path(out)
     config = run.load_config()
     check_expressible(config, run.config_file)
+    settings = read_settings(run.tokenizer_dir)
+    if settings["words"]:
+        raise UserError(f"export --format hf: {run.tokenizer_dir / SETTINGS_FILE}: a word-aware vocabulary "
+                        f"(tokenizer.words) has no Hugging Face BERT tokenizer equivalent (BERT splits Chinese "
+                        f"into single characters)")
     _check_out(out)
     vocab = (run.tokenizer_dir / VOCAB_FILE).read_text(encoding="utf-8").splitlines()
     labels = _labels(run) if config.task.type == "classify" else None
@@ -82,8 +86,7 @@ def export_hf(run_dir: Path, out: Path, which: str | None = None, say=print) -> 
     hf_config = bert_config(config, len(vocab), labels)
     provenance = {"exported_by": EXPORTED_BY, "run_dir": str(run.root.resolve()), "checkpoint": checkpoint,
                   "step": str(step)}
-    lowercase = read_json(run.tokenizer_dir / SETTINGS_FILE)["lowercase"]
-    _write_folder(out, lambda folder: _write_files(folder, run, hf_config, tensors, provenance, lowercase))
+    _write_folder(out, lambda folder: _write_files(folder, run, hf_config, tensors, provenance, settings["lowercase"]))
     say(f"exported step {step} of {run.root} as {hf_config['architectures'][0]} ({len(tensors)} tensors, "
         f"float32) to {out}")
     return hf_config

@@ -3,12 +3,11 @@ starts from (model.init_from), from tokenizer.vocab_file, or learned from the tr
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 from trainformer.config import ExperimentConfig
-from trainformer.data.tokenizer import SETTINGS_FILE, VOCAB_FILE, Tokenizer, copy_vocab, train_vocab
+from trainformer.data.tokenizer import VOCAB_FILE, Tokenizer, copy_vocab, read_settings, train_vocab
 from trainformer.errors import UserError
 
 
@@ -27,13 +26,14 @@ def run_vocabulary(config: ExperimentConfig, tokenizer_dir: Path, texts: list[st
     elif config.model.init_from:
         # The encoder's embedding rows are indexed by the pretraining run's ids: use its vocabulary.
         source = Path(config.model.init_from) / "tokenizer"
-        lowercase = json.loads((source / SETTINGS_FILE).read_text())["lowercase"]
-        say(f"vocabulary: {copy_vocab(str(source / VOCAB_FILE), tokenizer_dir, lowercase)} "
+        settings = read_settings(source)
+        copied = copy_vocab(str(source / VOCAB_FILE), tokenizer_dir, settings["lowercase"], settings["words"])
+        say(f"vocabulary: {copied} "
             f"(from model.init_from={config.model.init_from})")
     elif tok.vocab_file:
-        say(f"vocabulary: {copy_vocab(tok.vocab_file, tokenizer_dir, tok.lowercase)} (from {tok.vocab_file})")
+        say(f"vocabulary: {copy_vocab(tok.vocab_file, tokenizer_dir, tok.lowercase, tok.words)} (from {tok.vocab_file})")
     else:
         started = time.perf_counter()
-        train_vocab(texts, tokenizer_dir, tok.vocab_size, tok.min_frequency, tok.lowercase)
+        train_vocab(texts, tokenizer_dir, tok.vocab_size, tok.min_frequency, tok.lowercase, tok.words)
         say(f"vocabulary: trained in {time.perf_counter() - started:.1f}s -> {tokenizer_dir / VOCAB_FILE}")
     return Tokenizer.load(tokenizer_dir)
