@@ -35,5 +35,6 @@ def run_vocabulary(config: ExperimentConfig, tokenizer_dir: Path, texts: list[st
     else:
         started = time.perf_counter()
         train_vocab(texts, tokenizer_dir, tok.vocab_size, tok.min_frequency, tok.lowercase, tok.words)
-        say(f"vocabulary: trained in {time.perf_counter() - started:.1f}s -> {tokenizer_dir / VOCAB_FILE}")
+        kind = "word-aware (tokenizer.words), " if tok.words else ""
+        say(f"vocabulary: {kind}trained in {time.perf_counter() - started:.1f}s -> {tokenizer_dir / VOCAB_FILE}")
     return Tokenizer.load(tokenizer_dir)
