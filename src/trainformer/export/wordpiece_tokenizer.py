@@ -170,7 +170,8 @@ class WordPieceTokenizer:
         return cls(vocab, lowercase=settings["lowercase"], words=settings.get("words", False))
 
     def words(self, text: str) -> List[str]:
-        """The words WordPiece splits: normalized, cut at whitespace and around punctuation.
+        """The words WordPiece splits: normalized, cut at whitespace and around punctuation
+        (and, word-aware, around each run of Chinese characters).
 
         str.split() cuts at Unicode White_Space and at U+001C..U+001F, which are control
         characters and so already spaces here: the same cuts as tensorflow-text's.
