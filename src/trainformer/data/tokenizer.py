@@ -143,6 +143,7 @@ class Tokenizer(tf.Module):
             self._normalizer = tf_text.FastBertNormalizer(lower_case_nfd_strip_accents=lowercase)
             known = known_chinese(vocab)
             self._kept_words = (f"[{known}]+|" if known else "") + f"[{CHINESE}]|{PUNCTUATION}"
+            self._word_cuts = f"{WHITESPACE}|{self._kept_words}"  # what regex_split cuts at
             pieces, self._piece_ids = word_aware_pieces(vocab)
             self._wordpiece = tf_text.FastWordpieceTokenizer(
                 pieces, token_out_type=tf.int32, unknown_token="[UNK]", no_pretokenization=True,
@@ -174,8 +175,7 @@ class Tokenizer(tf.Module):
         texts = tf_text.normalize_utf8(texts, "NFKC")
         if not self.words:
             return self._wordpiece.tokenize(texts)
-        words = tf_text.regex_split(self._normalizer.normalize(texts), f"{WHITESPACE}|{self._kept_words}",
-                                    self._kept_words)  # (batch, words)
+        words = tf_text.regex_split(self._normalizer.normalize(texts), self._word_cuts, self._kept_words)  # (batch, words)
         pieces = self._wordpiece.tokenize(words).merge_dims(1, 2)  # (batch, None) ids of `pieces`
         return pieces.with_flat_values(tf.gather(self._piece_ids, pieces.flat_values))
 
