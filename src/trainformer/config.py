@@ -88,6 +88,10 @@ class DataConfig:
     # so a document split between two windows in one epoch is read whole in another; false: the
     # same windows every epoch (data/pipeline.py, shifted_windows)
     shift_windows: bool = False
+    # mlm, electra: training masks whole words (jieba's segmentation), every character of a word
+    # at once, so a word is guessed from its sentence, not from its other characters
+    # (data/whole_words.py, Cui et al. 2019); held-out cloze still masks single tokens
+    whole_words: bool = False
     # classify: each training batch hides this share of its texts' tokens behind [MASK], a fresh
     # draw per batch (token cutoff, Shen et al. 2020); eval and predict read whole texts; 0: off
     input_mask_rate: float = 0.0
@@ -405,8 +409,23 @@ def validate(config: ExperimentConfig, origin: str) -> None:
     if d.shift_windows and config.task.type not in ("mlm", "electra"):
         raise ConfigError(f"{origin}: data.shift_windows: cuts a masked-LM run's packed windows; a "
                           f"{config.task.type} run reads whole texts (leave it false)")
+    _validate_whole_words(config, origin)
     if tok.vocab_size < 100:
         raise ConfigError(f"{origin}: tokenizer.vocab_size: must be >= 100, got {tok.vocab_size}")
+
+
+def _validate_whole_words(config: ExperimentConfig, origin: str) -> None:
+    d = config.data
+    if not d.whole_words:
+        return
+    if config.task.type not in ("mlm", "electra"):
+        raise ConfigError(f"{origin}: data.whole_words: chooses the tokens a masked-LM run masks; a "
+                          f"{config.task.type} run masks none (leave it false)")
+    others = {"data.mask_span": d.mask_span > 1, "data.selective_masking": d.selective_masking > 0,
+              "data.shift_windows": d.shift_windows, "tokenizer.words": config.tokenizer.words}
+    for key, on in others.items():
+        if on:
+            raise ConfigError(f"{origin}: data.whole_words: not with {key} (choose one)")
 
 
 def _validate_long_windows(config: ExperimentConfig, origin: str) -> None:

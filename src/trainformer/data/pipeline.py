@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from trainformer.data import whole_words
 from trainformer.data.tokenizer import Tokenizer
 from trainformer.tokens import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID
 
@@ -49,20 +50,35 @@ def cached_token_stream(
 
     Returns (stream, was_cached)."""
     path = cache_file(cache_dir, tokenizer, corpus_fingerprint, split)
+    return cached_array(path, lambda: tokenize_documents(tokenizer, documents))
+
+
+def cached_word_starts(
+    cache_dir: Path, tokenizer: Tokenizer, documents: list[str], corpus_fingerprint: str, split: str
+) -> tuple[np.ndarray, bool]:
+    """data.whole_words: which tokens of the split's stream start a word (whole_words.word_starts),
+    (tokens,) bool, computed once per (corpus, vocabulary, segmenter). Returns (starts, was_cached)."""
+    path = cache_file(cache_dir, tokenizer, corpus_fingerprint, split, kind=f"word-starts:{whole_words.SEGMENTER}")
+    return cached_array(path, lambda: whole_words.word_starts(tokenizer, documents))
+
+
+def cached_array(path: Path, compute) -> tuple[np.ndarray, bool]:
+    """np.load(path), or compute() saved there first. Returns (array, was_cached)."""
     if path.is_file():
         return np.load(path), True
-    stream = tokenize_documents(tokenizer, documents)
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    array = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial.npy")  # write then rename: a crash never leaves half a cache
-    np.save(partial, stream)
+    np.save(partial, array)
     partial.replace(path)
-    return stream, False
+    return array, False
 
 
-def cache_file(cache_dir: Path, tokenizer: Tokenizer, corpus_fingerprint: str, split: str) -> Path:
-    """Where the token stream of one split of one corpus under one vocabulary is cached."""
-    key = hashlib.sha256(f"{corpus_fingerprint}:{tokenizer.vocab_hash}:{split}".encode()).hexdigest()[:16]
-    return cache_dir / f"{split}-{key}.npy"
+def cache_file(cache_dir: Path, tokenizer: Tokenizer, corpus_fingerprint: str, split: str, kind: str = "") -> Path:
+    """Where the token stream (or, with kind, another per-token array) of one split of one
+    corpus under one vocabulary is cached."""
+    key = f"{corpus_fingerprint}:{tokenizer.vocab_hash}:{split}" + (f":{kind}" if kind else "")
+    return cache_dir / f"{split}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.npy"
 
 
 def pack(stream: np.ndarray, seq_len: int) -> np.ndarray:
@@ -76,6 +92,15 @@ def pack(stream: np.ndarray, seq_len: int) -> np.ndarray:
     return np.concatenate([cls, padded.reshape(num_windows, body)], axis=1)
 
 
+def pack_word_starts(starts: np.ndarray, seq_len: int) -> np.ndarray:
+    """A word_starts stream cut as pack() cuts its token stream: (num_windows, seq_len) bool,
+    True at [CLS] and at each window's first stream token (a word cut by a window edge is
+    two words), False on padding."""
+    windows = pack(starts.astype(np.int32), seq_len) != PAD_ID  # [CLS] (id 2) True, [PAD] (0) False
+    windows[:, 1] = True
+    return windows
+
+
 def max_predictions(seq_len: int, mask_rate: float) -> int:
     """Masked positions per window: enough for every window, so no target is ever cut."""
     return math.ceil(seq_len * mask_rate)
@@ -83,7 +108,7 @@ def max_predictions(seq_len: int, mask_rate: float) -> int:
 
 def mask_batch(
     token_ids: tf.Tensor, seed: tf.Tensor, mask_rate: float, vocab_size: int, cloze: bool = False, span: int = 1,
-    token_weights: tf.Tensor | None = None,
+    token_weights: tf.Tensor | None = None, word_starts: tf.Tensor | None = None,
 ) -> dict[str, tf.Tensor]:
     """Choose round(mask_rate * n) of the n non-special tokens of each window and corrupt them.
 
@@ -98,11 +123,17 @@ def mask_batch(
         token_weights: (vocab,) float32 weights > 0, or None (uniform): a window's masked
             positions are drawn without replacement with probability proportional to their
             tokens' weights (selective masking: data/selective.py).
+        word_starts: (batch, seq) bool, True where a token starts a word (data/whole_words.py):
+            the chosen tokens come in whole words, every word as likely as any other (the
+            round(mask_rate * n) budget may end inside the last word chosen); not with span or
+            token_weights. None: single tokens.
 
     Returns model inputs and targets: token_ids (batch, seq), padding_mask (batch, seq) bool,
     masked_positions / masked_ids (batch, P) int32, masked_weights (batch, P) float32 and
     sample_uniform (batch, P) float32 in [0, 1) (ELECTRA's generator samples with it).
     """
+    if word_starts is not None and (span > 1 or token_weights is not None):
+        raise ValueError("whole-word masking chooses words by one draw each: not with span or token_weights")
     batch, seq_len = tf.shape(token_ids)[0], token_ids.shape[1]
     num_predictions = max_predictions(seq_len, mask_rate)
     seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), num=4)
@@ -119,6 +150,9 @@ def mask_batch(
         scores = -tf.math.log1p(-scores) / tf.gather(token_weights, token_ids)
     if span > 1:  # a token scores the least draw within its run: the smallest scores come in runs
         scores = -tf.nn.max_pool1d(-scores[..., None], span, 1, "SAME")[..., 0]
+    if word_starts is not None:  # word k's tokens all score draw k: chosen together (top_k keeps ties in order)
+        word = tf.cumsum(tf.cast(word_starts, tf.int32), axis=1) - 1  # (batch, seq) word index, 0 at [CLS]
+        scores = tf.gather(scores, word, batch_dims=1)
     scores = tf.where(candidate, scores, float("inf"))
     _, positions = tf.math.top_k(-scores, k=num_predictions)  # (batch, P)
     weights = tf.sequence_mask(num_masked, num_predictions)  # (batch, P) bool
@@ -151,10 +185,12 @@ def mask_batch(
 def train_dataset(
     windows: np.ndarray, batch_size: int, seed: int, mask_rate: float, vocab_size: int, start_batch: int = 0,
     keys: tuple = MLM_KEYS, mask_span: int = 1, token_weights: np.ndarray | None = None, shifted: bool = False,
+    word_starts: np.ndarray | None = None,
 ) -> tf.data.Dataset:
     """An endless stream of masked batches; a new window order and new masks every epoch
     (token_weights: see mask_batch). shifted: each epoch also cuts the stream at new window
-    boundaries (see shifted_windows).
+    boundaries (see shifted_windows). word_starts: (num_windows, seq) bool, pack_word_starts'
+    for these windows: whole words are masked (not with shifted).
 
     Batch n is a pure function of (windows, seed, n), so a resumed run starts the stream at
     `start_batch` and sees exactly the batches an uninterrupted run would have: no iterator
@@ -167,6 +203,9 @@ def train_dataset(
     first_epoch, first_offset = divmod(start_batch, batches_per_epoch)
     window_rows = shifted_windows(windows, seed) if shifted else unshifted_windows(windows)
     weights = None if token_weights is None else tf.constant(token_weights, tf.float32)  # (vocab,)
+    if word_starts is not None and shifted:
+        raise ValueError("whole-word masking reads the windows as packed: not with shifted windows")
+    starts = None if word_starts is None else tf.constant(word_starts)  # (num_windows, seq)
 
     def epoch(index: tf.Tensor) -> tf.data.Dataset:
         order = tf.random.experimental.stateless_shuffle(
@@ -180,7 +219,7 @@ def train_dataset(
     def masked(ids: tf.Tensor, number: tf.Tensor, index: tf.Tensor):
         mask_seed = tf.stack([tf.constant(seed + 1, tf.int64), index * batches_per_epoch + number])
         masked = mask_batch(window_rows(ids, index), mask_seed, mask_rate, vocab_size, span=mask_span,
-                            token_weights=weights)
+                            token_weights=weights, word_starts=None if starts is None else tf.gather(starts, ids))
         return split_targets(masked, keys)
 
     return (

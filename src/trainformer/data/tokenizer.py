@@ -179,6 +179,13 @@ class Tokenizer(tf.Module):
         pieces = self._wordpiece.tokenize(words).merge_dims(1, 2)  # (batch, None) ids of `pieces`
         return pieces.with_flat_values(tf.gather(self._piece_ids, pieces.flat_values))
 
+    def tokenize_with_offsets(self, normalized: tf.Tensor) -> tuple[tf.RaggedTensor, tf.RaggedTensor, tf.RaggedTensor]:
+        """(batch,) NFKC-normalized strings -> the ids __call__ gives (NFKC twice is NFKC once),
+        and each token's start and end byte in its string: three (batch, None) ragged tensors."""
+        if self.words:
+            raise ValueError("token offsets are for a vocabulary of pieces (tokenizer.words: false)")
+        return self._wordpiece.tokenize_with_offsets(normalized)
+
     def detokenize(self, ids) -> list[str]:
         return [self.vocab[i] for i in ids]
 

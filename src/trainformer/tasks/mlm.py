@@ -9,14 +9,17 @@ import numpy as np
 import tensorflow as tf
 
 from trainformer.config import ExperimentConfig, long_windows
+from trainformer.data import whole_words
 from trainformer.data.corpus import Corpus
 from trainformer.data.pipeline import (
     MLM_KEYS,
     cache_file,
     cached_token_stream,
+    cached_word_starts,
     eval_batches,
     most_frequent_token,
     pack,
+    pack_word_starts,
     train_dataset,
     train_window_count,
 )
@@ -63,6 +66,7 @@ class MaskedLMTask:
         self.vocab_size = config.tokenizer.vocab_size  # until prepare() loads the run's vocabulary
         self.loss_sums = masked_lm_sums
         self.token_weights = None  # (vocab,) data.selective_masking's, set by prepare(); None: uniform
+        self.word_starts = None  # (tokens,) bool, data.whole_words' for the train stream; None: single tokens
         self.items_per_step = config.train.accumulate * config.train.batch_size * config.data.seq_len
 
     def prepare(self, run: RunDir, corpus: Corpus, say=print, may_create_vocabulary: bool = True) -> None:
@@ -82,6 +86,7 @@ class MaskedLMTask:
             self.was_cached &= cached
         self._use_streams(streams)
         self.token_weights = self._selective_weights(streams["train"], corpus.train_labels, say)
+        self.word_starts = self._word_starts(run, corpus, streams["train"], say)
         batches = [(self.windows["train"], self.config.train.batch_size)]
         if long := long_windows(self.config):
             batches.append((self.long_windows, long[1]))
@@ -101,6 +106,19 @@ class MaskedLMTask:
         say(f"selective masking: token weights median {np.median(weights):.2f}, "
             f"most {most_weighted(self.tokenizer, weights)}")
         return weights
+
+    def _word_starts(self, run: RunDir, corpus: Corpus, stream: np.ndarray, say) -> np.ndarray | None:
+        """data.whole_words' (tokens,) word starts of the train stream (cached); None: off."""
+        if not self.config.data.whole_words:
+            return None
+        if self.tokenizer.words:
+            raise UserError(f"data.whole_words: {run.tokenizer_dir} is a word-aware vocabulary (tokenizer.words): "
+                            f"its tokens are words already")
+        starts, _ = cached_word_starts(run.cache_dir, self.tokenizer, corpus.train, corpus.fingerprint, "train")
+        if len(starts) != len(stream):  # not the stream it was computed for: never mask misaligned words
+            raise ValueError(f"{len(starts)} word starts for a train stream of {len(stream)} tokens")
+        say(f"whole-word masking: {len(stream) / starts.sum():.2f} tokens per word ({whole_words.SEGMENTER})")
+        return starts
 
     def prepare_from_cache(self, run: RunDir) -> bool:
         """For eval: the run's tokenized streams from its cache, without the corpus (False if
@@ -130,9 +148,11 @@ class MaskedLMTask:
         batch on (numbered after the short ones: batch n stays a pure function of (seed, n))."""
         t, mask_rate = self.config.train, self.config.data.mask_rate
 
-        def stream(windows: np.ndarray, batch_size: int, start: int) -> tf.data.Dataset:
+        def stream(windows: np.ndarray, batch_size: int, start: int) -> tf.data.Dataset:  # windows: (n, tokens)
+            starts = None if self.word_starts is None else pack_word_starts(self.word_starts, windows.shape[1])
             return train_dataset(windows, batch_size, t.seed, mask_rate, self.vocab_size, start, self.batch_keys,
-                                 self.config.data.mask_span, self.token_weights, self.config.data.shift_windows)
+                                 self.config.data.mask_span, self.token_weights, self.config.data.shift_windows,
+                                 starts)
 
         short = stream(self.windows["train"], t.batch_size, start_batch)
         long = long_windows(self.config)
