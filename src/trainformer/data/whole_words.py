@@ -16,6 +16,7 @@ its first byte is where jieba starts one; the pieces of a word that WordPiece cu
 from __future__ import annotations
 
 import logging
+from importlib.metadata import version
 
 import numpy as np
 import tensorflow as tf
@@ -23,7 +24,7 @@ import tensorflow_text as tf_text
 
 from trainformer.data.tokenizer import Tokenizer
 
-SEGMENTER = "jieba 0.42.1"  # part of the cache key: another segmenter, other words
+SEGMENTER = f"jieba {version('jieba')}"  # part of the cache key: another segmenter, other words
 
 
 def segment(text: str) -> list[str]:
