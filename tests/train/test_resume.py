@@ -58,6 +58,7 @@ def test_a_minutes_budget_sets_the_steps_once_and_trains_as_those_steps_would(tm
     first = trainformer("train", "--run-dir", str(budget), *args).stdout
     steps = yaml.safe_load((budget / "config.yaml").read_text())["train"]["steps"]
     assert steps < 5000 and f"train.steps={steps:,}, in {budget / 'config.yaml'}" in first
+    assert "tokenized data cached in" in first  # a new run: the probe's prepare is not a cache hit
     trainformer("train", "--run-dir", str(pinned), *DETERMINISTIC, *vocab_args, "--set", f"train.steps={steps}")
     assert_bitwise_equal(final_state(budget), final_state(pinned))
     again = trainformer("train", "--run-dir", str(budget), *args).stdout

@@ -143,7 +143,9 @@ def steps_from_minutes(given: ExperimentConfig, config: ExperimentConfig, run: R
     config = with_steps(config, steps)
     set_up_process(config, strategy)  # the probe drew from the seeds: start where a run given these steps does
     # again, quietly: the task's data may depend on train.steps (data.long_seq_len's switch)
-    return config, prepare_task(config, run, source, strategy, True, lambda text: None)
+    again = prepare_task(config, run, source, strategy, True, lambda text: None)
+    again.was_cached = task.was_cached  # the summary tells what this run found, not what the first prepare wrote
+    return config, again
 
 
 def prepare_task(config: ExperimentConfig, run: RunDir, source, strategy: tf.distribute.Strategy, chief: bool, say):
