@@ -149,7 +149,7 @@ class TrainConfig:
     # predictions, so the head cannot lean on any one draw; twice the step's work; 0: off
     rdrop: float = 0.0
     precision: str = "auto"  # auto (bf16 where the hardware runs it fast, else fp32) | fp32 | bf16 | fp16 (mixed: fp32 variables, logits, softmax; fp16 with loss scaling)
-    xla: str = "auto"  # auto (on for GPU, off on CPU where it measured slower) | on | off
+    xla: str = "auto"  # auto (on for GPU; on CPU only the optimizer's update, where the whole step measured slower) | on | off
     seed: int = 42
     deterministic: bool = False  # op determinism: same config + same vocabulary -> bitwise-equal weights
     strategy: str = "auto"  # auto (mirrored if >1 GPU, multi_worker if TF_CONFIG names workers) | one_device | mirrored | multi_worker | tpu

@@ -230,8 +230,12 @@ class ReversibleEmbedding(keras.layers.Embedding):
     """A token embedding that can also project hidden states back onto the vocabulary, so an
     output head shares (ties) the input embedding matrix.
 
-    Logits are computed in float32 under mixed precision: softmax over a large vocabulary in
-    bf16 loses the small probabilities the loss needs.
+    Logits come out in float32 (a softmax over a large vocabulary in bf16 would lose the small
+    probabilities the loss needs) from a matmul in the compute dtype: under bf16 each logit is
+    rounded once (relative 2^-9, what PyTorch's autocast does to an LM head) and the projection
+    runs on the CPU's bf16 units, 5.4x faster than in float32 for zh-bert-small's masked
+    positions (640 x 256 x 8,000: 2.8 against 15.2 ms on a 2-core Xeon with AMX), 1.12x its
+    training step (docs/measured.md).
 
     Example:
         embed = ReversibleEmbedding(vocab_size, d_model)
@@ -242,8 +246,8 @@ class ReversibleEmbedding(keras.layers.Embedding):
     def call(self, inputs, reverse: bool = False):
         if not reverse:
             return super().call(inputs)
-        matrix = ops.cast(self.embeddings, "float32")  # (vocab, d)
-        return ops.matmul(ops.cast(inputs, "float32"), ops.transpose(matrix))
+        matrix = ops.cast(self.embeddings, self.compute_dtype)  # (vocab, d)
+        return ops.cast(ops.matmul(ops.cast(inputs, self.compute_dtype), ops.transpose(matrix)), "float32")
 
     def compute_output_shape(self, input_shape, reverse: bool = False):
         if reverse:

@@ -29,6 +29,7 @@ from trainformer.errors import UserError
 from trainformer.model.heads import build_masked_lm
 from trainformer.run_dir import RunDir, positions
 from trainformer.tasks import dtype_policy
+from trainformer.tasks.losses import fused_cross_entropy
 from trainformer.tasks.serving import TEXT, TaskServing
 from trainformer.tasks.vocabulary import run_vocabulary
 from trainformer.tokens import MASK_ID, PAD_ID, SPECIAL_TOKENS
@@ -44,8 +45,7 @@ def masked_lm_sums(logits: tf.Tensor, targets: dict) -> dict[str, tf.Tensor]:
     logits: (batch, P, vocab) float32; targets: masked_ids (batch, P), masked_weights (batch, P).
     """
     weights = targets["masked_weights"]
-    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(targets["masked_ids"], logits)  # (batch, P)
-    hits = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), targets["masked_ids"]), tf.float32)
+    losses, hits = fused_cross_entropy(logits, targets["masked_ids"])  # (batch, P) each
     return {
         "loss_sum": tf.reduce_sum(losses * weights),
         "correct": tf.reduce_sum(hits * weights),
