@@ -148,7 +148,7 @@ class TrainConfig:
     # draws, and the loss adds this weight times the symmetric KL divergence of the two
     # predictions, so the head cannot lean on any one draw; twice the step's work; 0: off
     rdrop: float = 0.0
-    precision: str = "auto"  # auto (bf16 where the hardware runs it fast, else fp32) | fp32 | bf16 | fp16 (mixed: fp32 variables, logits, softmax; fp16 with loss scaling)
+    precision: str = "auto"  # auto (bf16 where the hardware runs it fast, else fp32) | fp32 | bf16 | fp16 (mixed: fp32 variables, softmax and loss; fp16 with loss scaling)
     xla: str = "auto"  # auto (on for GPU; on CPU only the optimizer's update, where the whole step measured slower) | on | off
     seed: int = 42
     deterministic: bool = False  # op determinism: same config + same vocabulary -> bitwise-equal weights

@@ -49,9 +49,12 @@ def losses(trainer, iterator, steps):
 
 def test_xla_step_matches_the_plain_step(windows, tokenizer):
     plain = losses(*make_trainer(windows, tokenizer, xla="off"), steps=6)
-    update_compiled = losses(*make_trainer(windows, tokenizer, xla="auto"), steps=6)  # on CPU: the update alone
+    auto, iterator = make_trainer(windows, tokenizer, xla="auto")  # on CPU: the update alone compiles
+    update_compiled = losses(auto, iterator, steps=6)
     compiled = losses(*make_trainer(windows, tokenizer, xla="on"), steps=6)
     assert plain[-1] < plain[0]  # it trains
+    gradients = [tf.zeros_like(v) for v in auto.model.trainable_variables]
+    assert "HloModule" in auto._apply.experimental_get_compiler_ir(gradients)(stage="hlo")  # raises if not XLA's
     np.testing.assert_allclose(update_compiled, plain, rtol=1e-4)
     np.testing.assert_allclose(compiled, plain, rtol=2e-3)
 

@@ -14,7 +14,6 @@ def smoothed_cross_entropy(logits: tf.Tensor, labels: tf.Tensor, smoothing: floa
     return (1.0 - smoothing) * nll - smoothing * tf.reduce_mean(log_probs, axis=-1) if smoothing else nll
 
 
-
 @tf.function(jit_compile=True)
 def _cross_entropy_forward(logits, labels):
     picked = tf.gather(logits, labels[..., None], batch_dims=labels.shape.rank)[..., 0]  # (...)
