@@ -27,7 +27,7 @@ from trainformer.images import colorize, plain_font
 from trainformer.model.heads import build_classifier, layer_decay_multipliers
 from trainformer.run_dir import RunDir
 from trainformer.tasks import dtype_policy
-from trainformer.tasks.losses import smoothed_cross_entropy
+from trainformer.tasks.losses import fused_cross_entropy
 from trainformer.tasks.serving import TEXT, TaskServing
 from trainformer.tasks.vocabulary import run_vocabulary
 from trainformer.tokens import PAD_ID
@@ -46,7 +46,7 @@ def classify_sums(logits: tf.Tensor, targets: dict, label_smoothing: float = 0.0
     if "soft" in targets:
         losses = tf.nn.softmax_cross_entropy_with_logits(targets["soft"], logits)
     elif label_smoothing:
-        losses = smoothed_cross_entropy(logits, labels, label_smoothing)  # (batch,)
+        losses, _ = fused_cross_entropy(logits, labels, label_smoothing)  # (batch,)
     else:
         losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
     hits = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels), tf.float32)

@@ -30,7 +30,7 @@ from trainformer.model import search
 from trainformer.model.seq2seq import build_seq2seq
 from trainformer.run_dir import RunDir
 from trainformer.tasks import dtype_policy
-from trainformer.tasks.losses import smoothed_cross_entropy
+from trainformer.tasks.losses import fused_cross_entropy
 from trainformer.tasks.serving import TEXT, TaskServing
 from trainformer.tasks.text_scores import text_scores
 from trainformer.tasks.vocabulary import run_vocabulary
@@ -49,8 +49,7 @@ def seq2seq_sums(logits: tf.Tensor, targets: dict, smoothing: float = 0.0) -> di
     source and target tokens, what the progress line's tok/s counts."""
     labels = targets["labels"]
     real = tf.cast(labels != PAD_ID, tf.float32)  # (batch, t)
-    losses = smoothed_cross_entropy(logits, labels, smoothing)  # (batch, t)
-    hits = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels), tf.float32)
+    losses, hits = fused_cross_entropy(logits, labels, smoothing)  # (batch, t) each
     count = tf.reduce_sum(real)
     return {"loss_sum": tf.reduce_sum(losses * real), "correct": tf.reduce_sum(hits * real), "count": count,
             "items": count + tf.cast(tf.reduce_sum(targets["source_tokens"]), tf.float32)}
