@@ -17,6 +17,7 @@ from keras import ops
 
 from trainformer.model.layers import (
     PACKAGE,
+    Dropout,
     LearnedPositionalEmbedding,
     PositionalEncoding,
     ReversibleEmbedding,
@@ -88,8 +89,8 @@ class TransformerDecoderBlock(TransformerBlock):
         self._ffn_inner = dense(self.dff, "ffn_inner")  # the activation comes after: _feed_forward
         self._ffn_output = dense(d_model, "ffn_output", inner=self.dff)
         self._ffn_norm = layer_norm("ffn_norm")
-        self._attention_dropout = keras.layers.Dropout(self.dropout, dtype=policy)
-        self._residual_dropout = keras.layers.Dropout(self.dropout, dtype=policy)
+        self._attention_dropout = Dropout(self.dropout, dtype=policy)
+        self._residual_dropout = Dropout(self.dropout, dtype=policy)
 
     def start_from(self, block: TransformerEncoderBlock) -> None:
         """Take an encoder block's weights where this block computes what it does: the
@@ -276,7 +277,7 @@ class TransformerDecoder(keras.layers.Layer):
         if self.norm == "post":
             self._embedding_norm = keras.layers.LayerNormalization(epsilon=1e-12, name="embeddings_norm", dtype=policy)
             self._embedding_norm.build((None, None, d_model))
-        self._dropout = keras.layers.Dropout(self.dropout, dtype=policy)
+        self._dropout = Dropout(self.dropout, dtype=policy)
         for index in range(self.num_layers):
             block = TransformerDecoderBlock(self.num_heads, self.dff, self.dropout, self.norm, activation=self.activation,
                                             use_bias=self.use_bias, name=f"block_{index}", dtype=policy)

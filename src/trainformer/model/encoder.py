@@ -8,6 +8,7 @@ import keras
 
 from trainformer.model.layers import (
     PACKAGE,
+    Dropout,
     LearnedPositionalEmbedding,
     NgramEmbedding,
     PositionalEncoding,
@@ -68,7 +69,7 @@ class TransformerEncoder(keras.Model):
         x = positions(x)
         if norm == "post":
             x = keras.layers.LayerNormalization(epsilon=1e-12, name="embeddings_norm", dtype=dtype)(x)
-        x = keras.layers.Dropout(dropout, name="embeddings_dropout", dtype=dtype)(x)
+        x = Dropout(dropout, name="embeddings_dropout", dtype=dtype)(x)
         for index in range(num_layers):
             block = TransformerEncoderBlock(num_heads, dff, dropout, norm, activation=activation, use_bias=use_bias,
                                             name=f"block_{index}", dtype=dtype)

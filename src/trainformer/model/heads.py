@@ -7,7 +7,7 @@ from keras import ops
 
 from trainformer.config import ModelConfig
 from trainformer.model.encoder import EncoderModel, TransformerEncoder
-from trainformer.model.layers import PACKAGE, ReversibleEmbedding, activation_function
+from trainformer.model.layers import PACKAGE, Dropout, ReversibleEmbedding, activation_function
 
 POOLINGS = ("cls", "mean")  # what a ClassifierHead's pooler reads: [CLS], or the mean of the tokens
 
@@ -122,7 +122,7 @@ class ClassifierHead(keras.layers.Layer):
         d_model = sequence_shape[-1]
         self.pooler = keras.layers.Dense(d_model, activation="tanh", name="pooler", dtype=self.dtype_policy)
         self.pooler.build((None, d_model))
-        self._dropout = keras.layers.Dropout(self.dropout, name="dropout", dtype=self.dtype_policy)
+        self._dropout = Dropout(self.dropout, name="dropout", dtype=self.dtype_policy)
         self.logits = keras.layers.Dense(self.num_labels, name="logits", dtype="float32")
         self.logits.build((None, d_model))
 

@@ -149,6 +149,27 @@ def padding_keep(padding_mask):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
+class Dropout(keras.layers.Dropout):
+    """keras.layers.Dropout whose training masks, on the TF backend, come from 16 random bits
+    per element (bits_dropout.py: 2.2x faster than TF's uniform floats, and the rate exact in
+    bf16). Other backends, inference and a noise_shape keep Keras' own dropout. The seeds are
+    the layer's SeedGenerator's, as in Keras, so checkpoints restore the masks' sequence
+    (train/checkpoint.py dropout_seed_states).
+
+    Example:
+        drop = Dropout(0.1, dtype="mixed_bfloat16")
+        y = drop(x, training=True)   # x's shape: ~10% zeros, the rest x / 0.9
+    """
+
+    def call(self, inputs, training=False):
+        if training and self.rate > 0 and self.noise_shape is None and keras.backend.backend() == "tensorflow":
+            from trainformer.model.bits_dropout import bits_dropout
+
+            return bits_dropout(inputs, self.rate, self.seed_generator.next())
+        return super().call(inputs, training=training)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
 class PositionalEncoding(keras.layers.Layer):
     """Adds the fixed sinusoidal position encoding of "Attention Is All You Need".
 
@@ -399,8 +420,8 @@ class TransformerEncoderBlock(TransformerBlock):
         self._ffn_output.build((*input_shape[:-1], self.dff))
         self._ffn_norm = layer_norm("ffn_norm")
         self._ffn_norm.build(input_shape)
-        self._attention_dropout = keras.layers.Dropout(self.dropout, dtype=policy)
-        self._residual_dropout = keras.layers.Dropout(self.dropout, dtype=policy)
+        self._attention_dropout = Dropout(self.dropout, dtype=policy)
+        self._residual_dropout = Dropout(self.dropout, dtype=policy)
 
     def call(self, x, padding_mask=None, training=None):
         x = self._residual(x, self._attention_norm, lambda h: self._attention(h, padding_mask, training), training)
