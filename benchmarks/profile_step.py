@@ -1,7 +1,7 @@
 """Where a training step's time goes: TF profiler op time per op type, for one config.
 
     python profile_step.py bert-mini-bench [--set key=value ...]   # project venv; ~1 min at mini
-    python profile_step.py zh-sentiment --set model.init_from=runs/zh-bert-small   # a fine-tune (sizes only)
+    python profile_step.py zh-sentiment --set model.init_from=runs/zh-bert-small   # a fine-tune (its sizes)
 
 Runs `trainformer bench`'s setup (the real Trainer step): a masked-LM config on synthetic ids,
 any other task on the widest batch of its own training data, replayed. Profiles 3 steps after
@@ -23,8 +23,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-from trainformer.config import load_config
+from trainformer.config import load_config_naming
 from trainformer.ops.bench import bench_run_dir, make_trainer, synthetic_dataset
+from trainformer.run_dir import inherit_encoder
 from trainformer.tasks import load_source, task_for
 from trainformer.tasks.mlm import MaskedLMTask
 from trainformer.train.precision import resolved
@@ -37,7 +38,7 @@ args = p.parse_args()
 logdir = os.path.join(os.environ.get("BENCH_TMP", "/tmp/trainformer-bench"), "profile")
 shutil.rmtree(logdir, ignore_errors=True)
 
-config, _ = resolved(load_config(args.config, args.overrides))  # precision auto -> what train picks here
+config, _ = resolved(inherit_encoder(*load_config_naming(args.config, args.overrides)))  # precision auto -> what train picks here
 if config.task.type == "mlm":
     task = MaskedLMTask(config)
     trainer, batches = make_trainer(config, task, synthetic_dataset(task.vocab_size, config))

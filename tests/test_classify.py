@@ -54,6 +54,13 @@ def finetuned(pretrained, tmp_path_factory):
     return run_dir, result.stdout, result.stderr
 
 
+def test_bench_of_a_fine_tune_times_the_model_of_its_init_from(finetuned, pretrained, tmp_path):
+    result = trainformer("bench", "zh-intent", "--set", f"model.init_from={pretrained}", "--steps", "1",
+                         "--cache-dir", str(tmp_path), "--json")
+    _, model, _, _ = load_run(finetuned[0])
+    assert json.loads(result.stdout.splitlines()[-1])["num_params"] == model.count_params()  # TINY's sizes
+
+
 def test_a_classifier_starts_from_the_pretraining_run(finetuned, pretrained):
     run_dir, stdout, stderr = finetuned
     assert stderr == ""  # the optimizer and MLM head left behind are not listed as "unrestored values"
