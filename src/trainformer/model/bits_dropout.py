@@ -8,7 +8,7 @@ benchmarks/profile_step.py), most of it over the (batch, heads, q, k) attention
 probabilities; and in bf16 its 8-bit uniforms drop 10.16% of the elements where rate says 10%.
 Here each Philox uint32 is two 16-bit draws, kept where draw >= round(rate * 65536): on
 (64, 4, 256, 256) bf16 probabilities 36.5 against 81 ms, that step's op time 1,582 against
-1,892 ms, `trainformer bench` 1.05-1.09x, a whole fine-tune ~1.03x (7m38s against 7m49s); the
+1,892 ms, `trainformer bench` 1.05-1.13x, a whole fine-tune ~1.03x (7m38s against 7m49s); the
 rate exact to 2^-16 in every dtype. The draws are not TF's, so masks differ from
 keras.layers.Dropout's for the same seed; a run is as reproducible as before.
 """
