@@ -23,9 +23,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-from trainformer.config import load_config_naming
 from trainformer.ops.bench import bench_run_dir, make_trainer, synthetic_dataset
-from trainformer.run_dir import inherit_encoder
+from trainformer.run_dir import load_starting_config
 from trainformer.tasks import load_source, task_for
 from trainformer.tasks.mlm import MaskedLMTask
 from trainformer.train.precision import resolved
@@ -35,17 +34,17 @@ p.add_argument("config")
 p.add_argument("--set", dest="overrides", action="append", default=[])
 p.add_argument("--steps", type=int, default=3)
 args = p.parse_args()
-logdir = os.path.join(os.environ.get("BENCH_TMP", "/tmp/trainformer-bench"), "profile")
+bench_tmp = Path(os.environ.get("BENCH_TMP", "/tmp/trainformer-bench"))
+logdir = str(bench_tmp / "profile")
 shutil.rmtree(logdir, ignore_errors=True)
 
-config, _ = resolved(inherit_encoder(*load_config_naming(args.config, args.overrides)))  # precision auto -> what train picks here
+config, _ = resolved(load_starting_config(args.config, args.overrides))  # precision auto -> what train picks here
 if config.task.type == "mlm":
     task = MaskedLMTask(config)
     trainer, batches = make_trainer(config, task, synthetic_dataset(task.vocab_size, config))
 else:  # the widest of the first 50 real batches, every step: one shape, the costliest
     task = task_for(config)
-    task.prepare(bench_run_dir(config, Path(os.environ.get("BENCH_TMP", "/tmp/trainformer-bench")) / "data"),
-                 load_source(config), print)
+    task.prepare(bench_run_dir(config, bench_tmp / "data"), load_source(config), print)
     widest = max(task.train_batches(0).take(50), key=lambda batch: batch[0]["token_ids"].shape[1])
     trainer, _ = make_trainer(config, task, task.train_batches(0))
     batches = itertools.repeat(widest)

@@ -16,19 +16,9 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from trainformer.data.labelled import load_labelled
 from trainformer.run.inference import load_run
 from trainformer.run_dir import RunDir
-
-
-def probabilities(task, model, split: str) -> tuple[np.ndarray, np.ndarray]:
-    """(examples, labels) probabilities and the (examples,) labels of a split, in the task's
-    eval order (the same for every run of the same corpus and vocabulary)."""
-    logits_of = tf.function(lambda inputs: model(inputs, training=False), reduce_retracing=True)
-    read, truth = [], []
-    for inputs, targets in task.eval_batches(split):
-        read.append(tf.nn.softmax(tf.cast(logits_of(inputs), tf.float32)).numpy())
-        truth.append(targets["labels"].numpy())
-    return np.concatenate(read), np.concatenate(truth)
 
 
 def main() -> None:
@@ -36,16 +26,19 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", help="classify runs fine-tuned from the same pretraining run")
     parser.add_argument("--split", default="valid", choices=["valid", "test"])
     args = parser.parse_args()
-    starts = {RunDir(Path(run)).load_config().model.init_from for run in args.runs}
+    configs = [RunDir(Path(run)).load_config() for run in args.runs]
+    starts = {config.model.init_from for config in configs}
     if len(starts) != 1:
         raise SystemExit(f"the runs start from different pretraining runs: {sorted(starts)}")
+    data = configs[0].data
+    examples = getattr(load_labelled(data.corpus, data.valid_fraction, data.test_fraction), args.split)
+    truth = np.array(examples.labels)  # (examples,), label indices in the corpus' (and each run's) order
 
     loaded = [load_run(Path(run), "best") for run in args.runs]
     alone = []
     for run, (task, model, _, step) in zip(args.runs, loaded):
-        probs, truth = probabilities(task, model, args.split)
-        alone.append(probs)
-        print(f"{run} (step {step}): {np.mean(probs.argmax(1) == truth):.2%}")
+        alone.append(task.probabilities(model, examples.texts))  # (examples, labels)
+        print(f"{run} (step {step}): {np.mean(alone[-1].argmax(1) == truth):.2%}")
     ensemble = np.mean(alone, axis=0)
     print(f"ensemble of {len(alone)}: {np.mean(ensemble.argmax(1) == truth):.2%}")
 
@@ -53,8 +46,7 @@ def main() -> None:
     for weight, *others in zip(soup.weights, *(model.weights for _, model, _, _ in loaded[1:])):
         if "float" in str(weight.dtype):  # not the dropout layers' seed states
             weight.assign(tf.add_n([weight, *others]) / len(loaded))
-    probs, truth = probabilities(task, soup, args.split)
-    print(f"uniform soup of {len(loaded)}: {np.mean(probs.argmax(1) == truth):.2%}")
+    print(f"uniform soup of {len(loaded)}: {np.mean(task.probabilities(soup, examples.texts).argmax(1) == truth):.2%}")
 
 
 if __name__ == "__main__":

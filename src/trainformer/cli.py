@@ -308,10 +308,9 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from trainformer.config import load_config_naming
-    from trainformer.run_dir import inherit_encoder
+    from trainformer.run_dir import load_starting_config
 
-    config = inherit_encoder(*load_config_naming(args.config, args.overrides))  # a fine-tune: its init_from's sizes
+    config = load_starting_config(args.config, args.overrides)  # a fine-tune: its init_from's sizes
     from trainformer.ops.bench import bench, format_result
 
     result = bench(config, args.steps, args.warmup, args.synthetic, args.cache_dir, say_for(args))

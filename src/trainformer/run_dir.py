@@ -211,6 +211,12 @@ class RunDir:
         write_atomic(self.manifest_file, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
 
 
+def load_starting_config(source: str, overrides: list[str]) -> ExperimentConfig:
+    """load_config, with the encoder's sizes from model.init_from where the config leaves them
+    out (inherit_encoder): the model a run of this config would build."""
+    return inherit_encoder(*load_config_naming(source, overrides))
+
+
 def resolve_train_config(source: str | None, overrides: list[str],
                          run_dir: Path | None) -> tuple[ExperimentConfig, RunDir]:
     """The config and run directory of `trainformer train [CONFIG] [--set ...] [--run-dir DIR]`.
@@ -221,8 +227,8 @@ def resolve_train_config(source: str | None, overrides: list[str],
     if source is None:
         existing = RunDir(run_dir or Path("runs") / DEFAULT_CONFIG)
         if existing.config_file.is_file():  # it names every key: inherit_encoder has nothing to take
-            return inherit_encoder(*load_config_naming(str(existing.config_file), overrides)), existing
-    config = inherit_encoder(*load_config_naming(source, overrides))
+            return load_starting_config(str(existing.config_file), overrides), existing
+    config = load_starting_config(source, overrides)
     return config, RunDir(run_dir or Path("runs") / config.name)
 
 
