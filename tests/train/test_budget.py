@@ -7,7 +7,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from trainformer.run.budget import PROBE_STEPS, probe_batches, seconds_per_step
+from trainformer.run.budget import PROBE_STEPS, PROBE_TIMINGS, probe_batches, step_timings
 
 TRACE_S = 0.1  # what a step costs on a width it has not met yet: a tf.function's retrace
 
@@ -34,8 +34,9 @@ def batches_of_widths(widths: list[int]) -> tf.data.Dataset:
 def test_the_probe_times_steps_on_widths_it_has_traced():
     # every batch a width of its own, as the first batches of a length-bucketed epoch nearly are
     batches = batches_of_widths(list(range(1, 1000)))
-    seconds = seconds_per_step(TracingTrainer(), iter(probe_batches(batches, accumulate=1)))
-    assert seconds < TRACE_S / 4  # timed on first sight, every step would take TRACE_S
+    timings = step_timings(TracingTrainer(), iter(probe_batches(batches, accumulate=1)))
+    assert len(timings) == PROBE_TIMINGS
+    assert max(timings) < TRACE_S / 4  # timed on first sight, every step would take TRACE_S
 
 
 def test_the_probe_batches_are_sized_as_the_runs_not_as_its_first_few():

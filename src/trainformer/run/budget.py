@@ -3,10 +3,10 @@
 The learning-rate schedule is laid out over train.steps from the first step (the warmup, the
 triangle's peak at 75%, the decay to 0), so a budget cannot be checked as the run goes. A new
 run times its own step on this machine instead: a throwaway copy of the model and optimizer
-steps twice through PROBE_STEPS of the run's batches, untimed then timed, and train.steps
-becomes what fits in the budget. The run then trains exactly as one given that train.steps
-would, bit for bit (session re-seeds after the probe), its config.yaml says how many, and a
-resumed run keeps the count it set.
+steps through PROBE_STEPS of the run's batches once untimed, then PROBE_TIMINGS times timed,
+and train.steps becomes what fits in the budget at the median timing. The run then trains
+exactly as one given that train.steps would, bit for bit (session re-seeds after the probe),
+its config.yaml says how many, and a resumed run keeps the count it set.
 
 A classifier's length-bucketed batches are why the probe is more than a stopwatch: they come
 in a dozen widths, 16 to 256 tokens, and the step function is traced once per width, a second
@@ -28,6 +28,7 @@ from trainformer.config import ExperimentConfig
 from trainformer.run_dir import RunDir
 
 PROBE_STEPS = 20
+PROBE_TIMINGS = 3  # the step is the median of this many timings: one swung ~20% (docs/measured.md)
 PROBE_POOL = 10  # the timed batches are every PROBE_POOL-th of PROBE_POOL x as many, by size
 
 
@@ -61,17 +62,23 @@ def elements(batch) -> int:
     return sum(int(tf.size(tensor)) for tensor in tf.nest.flatten(batch))
 
 
-def seconds_per_step(trainer, batches) -> float:
-    """The mean wall time of a training step of trainer on the PROBE_STEPS steps' batches of
-    probe_batches (batches: an iterator over them), each stepped through once before the clock
-    starts, so that every width is traced; each step is waited for (the loss comes back to the
-    host, as in the loop's per-step finiteness check)."""
+def step_timings(trainer, batches) -> list[float]:
+    """PROBE_TIMINGS timings of a training step of trainer, each the mean wall time over the
+    PROBE_STEPS steps' batches of probe_batches (batches: an iterator over them), each batch
+    stepped through once before any clock starts, so that every width is traced; each step is
+    waited for (the loss comes back to the host, as in the loop's per-step finiteness check)."""
+    run_steps(trainer, batches)
+    timings = []
+    for _ in range(PROBE_TIMINGS):
+        started = time.perf_counter()
+        run_steps(trainer, batches)
+        timings.append((time.perf_counter() - started) / PROBE_STEPS)
+    return timings
+
+
+def run_steps(trainer, batches) -> None:
     for _ in range(PROBE_STEPS):
         trainer.train_step(batches)["loss_sum"].numpy()
-    started = time.perf_counter()
-    for _ in range(PROBE_STEPS):
-        trainer.train_step(batches)["loss_sum"].numpy()
-    return (time.perf_counter() - started) / PROBE_STEPS
 
 
 def steps_in(minutes: float, seconds: float) -> int:

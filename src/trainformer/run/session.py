@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import statistics
 import sys
 import tempfile
 import time
@@ -26,7 +27,7 @@ from trainformer.run.budget import (
     PROBE_STEPS,
     needs_probe,
     probe_batches,
-    seconds_per_step,
+    step_timings,
     steps_in,
     steps_set_at_start,
     with_steps,
@@ -135,11 +136,13 @@ def steps_from_minutes(given: ExperimentConfig, config: ExperimentConfig, run: R
                         "give a cluster train.steps (and train.minutes=0)")
     probe = build_trainer(config, task, strategy)
     batches = probe_batches(task.train_batches(0), config.train.accumulate)
-    seconds = seconds_per_step(probe, iter(distribute(strategy, batches)))
+    timings = step_timings(probe, iter(distribute(strategy, batches)))
+    seconds = statistics.median(timings)
     steps = steps_in(config.train.minutes, seconds)
     run.write_config(with_steps(given, steps))
-    say(f"train.minutes={config.train.minutes:g}: {seconds:.3f} s/step here ({PROBE_STEPS} steps timed on a "
-        f"throwaway copy) -> train.steps={steps:,}, in {run.config_file}")
+    say(f"train.minutes={config.train.minutes:g}: {seconds:.3f} s/step here (the median of {len(timings)} timings of "
+        f"{PROBE_STEPS} steps on a throwaway copy, {min(timings):.3f}-{max(timings):.3f}) -> train.steps={steps:,}, "
+        f"in {run.config_file}")
     config = with_steps(config, steps)
     set_up_process(config, strategy)  # the probe drew from the seeds: start where a run given these steps does
     # again, quietly: the task's data may depend on train.steps (data.long_seq_len's switch)
