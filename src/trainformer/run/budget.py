@@ -28,7 +28,7 @@ from trainformer.config import ExperimentConfig
 from trainformer.run_dir import RunDir
 
 PROBE_STEPS = 20
-PROBE_TIMINGS = 3  # the step is the median of this many timings: one swung ~20% (docs/measured.md)
+PROBE_TIMINGS = 3  # the step is their median: one 20-step window can be ~28% off (docs/measured.md)
 PROBE_POOL = 10  # the timed batches are every PROBE_POOL-th of PROBE_POOL x as many, by size
 
 
