@@ -7,7 +7,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from trainformer.run.budget import PROBE_STEPS, PROBE_TIMINGS, probe_batches, step_timings
+from trainformer.run.budget import PROBE_STEPS, PROBE_TIMINGS, probe_batches, seconds_per_step, step_timings
 
 TRACE_S = 0.1  # what a step costs on a width it has not met yet: a tf.function's retrace
 
@@ -27,6 +27,22 @@ class TracingTrainer:
         return {"loss_sum": tf.constant(0.0)}
 
 
+
+class OneSlowWindowTrainer:
+    """A step that takes no time, but TRACE_S throughout the second timed window (steps
+    2 x PROBE_STEPS to 3 x PROBE_STEPS: the first pass is untimed), as when the machine is busy
+    for a few seconds."""
+
+    def __init__(self):
+        self.steps = 0
+
+    def train_step(self, batches) -> dict:
+        next(batches)
+        if 2 * PROBE_STEPS <= self.steps < 3 * PROBE_STEPS:
+            time.sleep(TRACE_S)
+        self.steps += 1
+        return {"loss_sum": tf.constant(0.0)}
+
 def batches_of_widths(widths: list[int]) -> tf.data.Dataset:
     return tf.data.Dataset.from_tensor_slices(widths).map(lambda width: tf.zeros(tf.stack([2, width])))
 
@@ -44,3 +60,10 @@ def test_the_probe_batches_are_sized_as_the_runs_not_as_its_first_few():
     chosen = [int(batch.shape[1]) for batch in probe_batches(batches_of_widths(widths), 1).take(2 * PROBE_STEPS)]
     assert chosen[:PROBE_STEPS] == chosen[PROBE_STEPS:]  # the same batches, pass after pass
     assert abs(np.mean(chosen) - np.mean(widths)) < 2  # 101.9 against 101.5; the first 20 average 200
+
+
+def test_one_slow_timing_window_does_not_set_the_step():
+    batches = iter(probe_batches(batches_of_widths([8] * 100), accumulate=1))
+    seconds, timings = seconds_per_step(OneSlowWindowTrainer(), batches)
+    assert max(timings) >= TRACE_S  # the slow window was timed ...
+    assert seconds < TRACE_S / 10  # ... and left out: a mean of the three would be TRACE_S / 3

@@ -20,6 +20,7 @@ are 1,611-1,641 now, as the loop's pace says (docs/measured.md).
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 
 import tensorflow as tf
@@ -60,6 +61,13 @@ def probe_batches(global_batches: tf.data.Dataset, accumulate: int) -> tf.data.D
 def elements(batch) -> int:
     """How many numbers a batch holds, its tensors' sizes summed: what a step's cost grows with."""
     return sum(int(tf.size(tensor)) for tensor in tf.nest.flatten(batch))
+
+
+def seconds_per_step(trainer, batches) -> tuple[float, list[float]]:
+    """(a training step's seconds, the step_timings it is the median of): one timing window the
+    machine slowed or sped does not set the run's steps."""
+    timings = step_timings(trainer, batches)
+    return statistics.median(timings), timings
 
 
 def step_timings(trainer, batches) -> list[float]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import statistics
 import sys
 import tempfile
 import time
@@ -27,7 +26,7 @@ from trainformer.run.budget import (
     PROBE_STEPS,
     needs_probe,
     probe_batches,
-    step_timings,
+    seconds_per_step,
     steps_in,
     steps_set_at_start,
     with_steps,
@@ -136,8 +135,7 @@ def steps_from_minutes(given: ExperimentConfig, config: ExperimentConfig, run: R
                         "give a cluster train.steps (and train.minutes=0)")
     probe = build_trainer(config, task, strategy)
     batches = probe_batches(task.train_batches(0), config.train.accumulate)
-    timings = step_timings(probe, iter(distribute(strategy, batches)))
-    seconds = statistics.median(timings)
+    seconds, timings = seconds_per_step(probe, iter(distribute(strategy, batches)))
     steps = steps_in(config.train.minutes, seconds)
     run.write_config(with_steps(given, steps))
     say(f"train.minutes={config.train.minutes:g}: {seconds:.3f} s/step here (the median of {len(timings)} timings of "
