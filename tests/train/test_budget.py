@@ -27,7 +27,6 @@ class TracingTrainer:
         return {"loss_sum": tf.constant(0.0)}
 
 
-
 class OneSlowWindowTrainer:
     """A step that takes no time, but TRACE_S throughout the second timed window (steps
     2 x PROBE_STEPS to 3 x PROBE_STEPS: the first pass is untimed), as when the machine is busy
@@ -42,6 +41,7 @@ class OneSlowWindowTrainer:
             time.sleep(TRACE_S)
         self.steps += 1
         return {"loss_sum": tf.constant(0.0)}
+
 
 def batches_of_widths(widths: list[int]) -> tf.data.Dataset:
     return tf.data.Dataset.from_tensor_slices(widths).map(lambda width: tf.zeros(tf.stack([2, width])))
