@@ -1,7 +1,8 @@
 """Where a classifier's errors are: which examples of the valid split fine-tuned runs and the
 TF-IDF baseline get wrong, how many errors they share, what averaging their probabilities
-would score, and a sample of the texts every one of them gets wrong (to read: label noise, or
-sentiment a model should have seen?).
+would score, their accuracy by the text's length (where a pretrained encoder's lead lives), and
+a sample of the texts every one of them gets wrong (to read: label noise, or sentiment a model
+should have seen?).
 
 A diagnostic on the valid split: it chooses nothing, and the test split is never read.
 
@@ -35,6 +36,25 @@ def row(name: str, probabilities: np.ndarray, truth: np.ndarray, tfidf_wrong: np
     return f"| {name} | {1 - wrong.mean():.2%} | {wrong.sum():,} | {shared} |"
 
 
+# Text lengths in characters (about tokens, for Chinese): the edges of zh-bert-small's 64-token
+# pretraining windows and of zh-sentiment's 128 / 256-token inputs.
+LENGTH_EDGES = (0, 32, 64, 128, 256)
+
+
+def by_length(texts: list[str], truth: np.ndarray, named: dict[str, np.ndarray]) -> str:
+    """A table: each model's accuracy per length bucket (columns), from `named` probabilities."""
+    lengths = np.array([len(text) for text in texts])  # (examples,)
+    buckets = np.digitize(lengths, LENGTH_EDGES[1:])  # (examples,), 0..len(LENGTH_EDGES)-1
+    names = [f"{lo}-{hi - 1}" for lo, hi in zip(LENGTH_EDGES, LENGTH_EDGES[1:])] + [f"{LENGTH_EDGES[-1]}+"]
+    lines = ["| characters | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names),
+             "| examples | " + " | ".join(f"{np.sum(buckets == b):,}" for b in range(len(names))) + " |"]
+    for name, probabilities in named.items():
+        right = probabilities.argmax(axis=1) == truth
+        cells = [f"{right[buckets == b].mean():.1%}" if np.any(buckets == b) else "-" for b in range(len(names))]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="classify run directories fine-tuned on the same corpus and split")
@@ -64,6 +84,9 @@ def main() -> None:
     if len(runs) > 1:
         print(row(f"mean of the {len(runs)} runs' probabilities", mean, truth, tfidf_wrong))
     print(row("mean of the runs' and TF-IDF's", (mean + tfidf) / 2, truth, tfidf_wrong))
+
+    print("\naccuracy by length\n")
+    print(by_length(texts, truth, {"TF-IDF + LR": tfidf, **dict(zip(args.runs, runs))}))
 
     every = tfidf_wrong & np.all([p.argmax(axis=1) != truth for p in runs], axis=0)
     print(f"\nwrong in every model: {every.sum():,} ({every.mean():.1%} of the split)")
