@@ -46,11 +46,12 @@ def by_length(texts: list[str], truth: np.ndarray, named: dict[str, np.ndarray])
     lengths = np.array([len(text) for text in texts])  # (examples,)
     buckets = np.digitize(lengths, LENGTH_EDGES[1:])  # (examples,), 0..len(LENGTH_EDGES)-1
     names = [f"{lo}-{hi - 1}" for lo, hi in zip(LENGTH_EDGES, LENGTH_EDGES[1:])] + [f"{LENGTH_EDGES[-1]}+"]
+    masks = [buckets == b for b in range(len(names))]  # one (examples,) bool per bucket
     lines = ["| characters | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names),
-             "| examples | " + " | ".join(f"{np.sum(buckets == b):,}" for b in range(len(names))) + " |"]
+             "| examples | " + " | ".join(f"{mask.sum():,}" for mask in masks) + " |"]
     for name, probabilities in named.items():
         right = probabilities.argmax(axis=1) == truth
-        cells = [f"{right[buckets == b].mean():.1%}" if np.any(buckets == b) else "-" for b in range(len(names))]
+        cells = [f"{right[mask].mean():.1%}" if mask.any() else "-" for mask in masks]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
