@@ -88,6 +88,12 @@ class DataConfig:
     # so a document split between two windows in one epoch is read whole in another; false: the
     # same windows every epoch (data/pipeline.py, shifted_windows)
     shift_windows: bool = False
+    # mlm, electra: how training windows are cut from the token stream: stream (one stream, cut
+    # every seq_len-1 tokens: a document may start anywhere and end in the next window) |
+    # documents (each window starts at a document's start and holds whole documents; a longer
+    # one is cut into window-sized pieces: data/pipeline.py, pack_documents); held-out cloze
+    # reads stream windows either way, so its figures compare
+    packing: str = "stream"
     # mlm, electra: training masks whole words (jieba's segmentation), every character of a word
     # at once, so a word is guessed from its sentence, not from its other characters
     # (data/whole_words.py, Cui et al. 2019); held-out cloze still masks single tokens
@@ -217,6 +223,7 @@ CHOICES = {
     "train.strategy": ("auto", "one_device", "mirrored", "multi_worker", "tpu"),
     "train.on_nan": ("stop", "rollback"),
     "train.schedule": ("linear", "triangle"),
+    "data.packing": ("stream", "documents"),
 }
 
 
@@ -410,6 +417,7 @@ def validate(config: ExperimentConfig, origin: str) -> None:
         raise ConfigError(f"{origin}: data.shift_windows: cuts a masked-LM run's packed windows; a "
                           f"{config.task.type} run reads whole texts (leave it false)")
     _validate_whole_words(config, origin)
+    _validate_packing(config, origin)
     if tok.vocab_size < 100:
         raise ConfigError(f"{origin}: tokenizer.vocab_size: must be >= 100, got {tok.vocab_size}")
 
@@ -426,6 +434,18 @@ def _validate_whole_words(config: ExperimentConfig, origin: str) -> None:
     for key, on in others.items():
         if on:
             raise ConfigError(f"{origin}: data.whole_words: not with {key} (choose one)")
+
+
+def _validate_packing(config: ExperimentConfig, origin: str) -> None:
+    d = config.data
+    if d.packing == "stream":
+        return
+    if config.task.type not in ("mlm", "electra"):
+        raise ConfigError(f"{origin}: data.packing: cuts a masked-LM run's windows; a {config.task.type} run "
+                          f"reads whole texts (leave it stream)")
+    for key, on in {"data.shift_windows": d.shift_windows, "data.whole_words": d.whole_words}.items():
+        if on:  # both read the windows as one stream cut every seq_len-1 tokens
+            raise ConfigError(f"{origin}: data.packing: documents is not with {key} (choose one)")
 
 
 def _validate_long_windows(config: ExperimentConfig, origin: str) -> None:

@@ -8,8 +8,8 @@ import tensorflow as tf
 
 from trainformer.config import load_config
 from trainformer.data.pipeline import (
-    NUM_SPECIAL, cached_token_stream, eval_batches, mask_batch, max_predictions, pack, tokenize_documents,
-    train_dataset,
+    NUM_SPECIAL, cached_token_stream, eval_batches, mask_batch, max_predictions, pack, pack_documents,
+    tokenize_documents, train_dataset,
 )
 from trainformer.data.tokenizer import Tokenizer
 from trainformer.tasks.mlm import MaskedLMTask
@@ -114,6 +114,26 @@ def test_pack_edge_lengths(length):
     body = windows[:, 1:].reshape(-1)
     np.testing.assert_array_equal(body[:length], stream)
     assert np.all(body[length:] == PAD_ID)
+
+
+@pytest.mark.parametrize("seq_len", [32, 128])
+def test_pack_documents_starts_windows_at_documents_and_keeps_them_whole(stream, seq_len):
+    """data.packing=documents: each window is [CLS] + whole documents (or one window-sized piece
+    of a longer one) + [PAD]s, and together the windows hold every stream token once, with
+    hardly any padding. At 32 tokens most People's Daily paragraphs are cut into pieces."""
+    body = seq_len - 1
+    windows = pack_documents(stream, seq_len)
+    assert windows.dtype == np.int32 and windows.shape[1] == seq_len
+    assert np.all(windows[:, 0] == CLS_ID) and not np.any(windows[:, 1:] == CLS_ID)
+    documents = np.split(stream, np.flatnonzero(stream == SEP_ID) + 1)[:-1]  # each ends with its [SEP]
+    expected = sorted(tuple(doc[start : start + body]) for doc in documents for start in range(0, len(doc), body))
+    found = []
+    for window in windows[:, 1:]:
+        tokens = window[window != PAD_ID]
+        np.testing.assert_array_equal(window[len(tokens):], PAD_ID)  # [PAD]s only after the documents
+        found += [tuple(piece) for piece in np.split(tokens, np.flatnonzero(tokens == SEP_ID) + 1) if len(piece)]
+    assert sorted(found) == expected  # whole documents, or a piece from a window's start
+    assert len(windows) <= 1.01 * len(pack(stream, seq_len))  # best-fit leaves under 1% more windows
 
 
 # --- masking --------------------------------------------------------------------------------
@@ -354,6 +374,17 @@ def test_long_windows_take_the_last_steps_at_the_same_tokens_per_batch(stream):
     assert all(window.tobytes() in known for b in uninterrupted[6:] for window in unmask(b))
     for start in (5, 7):
         assert all(same_batch(a, b) for a, b in zip(batches(start), uninterrupted[start:]))
+
+
+def test_document_packing_cuts_the_train_windows_and_leaves_valid_as_a_stream(stream):
+    """data.packing=documents changes what training reads; held-out cloze keeps stream windows,
+    so its figures compare with a stream-packed run's. Long windows are packed the same way."""
+    config = load_config(None, ["data.seq_len=32", "data.long_seq_len=128", "data.packing=documents"])
+    task = MaskedLMTask(config)
+    task._use_streams({"train": stream[:20_000], "valid": stream[:2_000]})
+    np.testing.assert_array_equal(task.windows["train"], pack_documents(stream[:20_000], 32))
+    np.testing.assert_array_equal(task.long_windows, pack_documents(stream[:20_000], 128))
+    np.testing.assert_array_equal(task.windows["valid"], pack(stream[:2_000], 32))
 
 
 def test_too_few_windows_for_a_batch(small_windows):

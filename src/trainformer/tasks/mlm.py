@@ -19,6 +19,7 @@ from trainformer.data.pipeline import (
     eval_batches,
     most_frequent_token,
     pack,
+    pack_documents,
     pack_word_starts,
     train_dataset,
     train_window_count,
@@ -133,10 +134,10 @@ class MaskedLMTask:
         return True
 
     def _use_streams(self, streams: dict[str, np.ndarray]) -> None:
-        seq_len = self.config.data.seq_len
-        self.windows = {split: pack(stream, seq_len) for split, stream in streams.items()}  # (n, seq_len) each
-        long_seq_len = self.config.data.long_seq_len
-        self.long_windows = pack(streams["train"], long_seq_len) if long_seq_len else None  # (n', long_seq_len)
+        d = self.config.data
+        pack_train = pack_documents if d.packing == "documents" else pack  # valid: stream windows, so cloze compares
+        self.windows = {"train": pack_train(streams["train"], d.seq_len), "valid": pack(streams["valid"], d.seq_len)}
+        self.long_windows = pack_train(streams["train"], d.long_seq_len) if d.long_seq_len else None  # (n', long)
         self.baseline_id = most_frequent_token(streams["train"])
 
     def build_model(self) -> keras.Model:
@@ -222,7 +223,8 @@ class MaskedLMTask:
         accumulate = f" x {t.accumulate} accumulated" if t.accumulate > 1 else ""
         train, valid = len(self.windows["train"]), len(self.windows["valid"])
         shifted = ", cut anew each epoch (data.shift_windows)" if self.config.data.shift_windows else ""
-        lines = [f"data: {train:,} train / {valid:,} valid windows of {seq_len} tokens{shifted}; "
+        aligned = ", train windows start at documents (data.packing)" if self.config.data.packing == "documents" else ""
+        lines = [f"data: {train:,} train / {valid:,} valid windows of {seq_len} tokens{shifted}{aligned}; "
                  f"batch {t.batch_size}{accumulate} ({self.items_per_step:,} tokens/step)"]
         long = long_windows(self.config)
         if long:
