@@ -101,24 +101,24 @@ def pack_documents(stream: np.ndarray, seq_len: int) -> np.ndarray:
     document of up to seq_len-1 tokens is read whole, from position 1 of its window or after
     other whole documents; a longer one is cut into seq_len-1 pieces, each at a window's start
     or after whole documents. Pieces go into windows best-fit decreasing (the fullest window
-    that still has room), so little is padding. Every stream token lands in exactly one window,
-    and a pure function of the stream: the same windows every run.
+    that still has room), so little is padding. Every stream token lands in exactly one window;
+    the windows are a pure function of the stream (the same in every run).
     """
     body = seq_len - 1
     ends = np.flatnonzero(stream == SEP_ID) + 1  # each document ends after its [SEP]
     pieces = [piece for document in np.split(stream, ends) if len(document)
               for piece in np.split(document, range(body, len(document), body))]
-    windows: list[list[np.ndarray]] = []
+    windows: list[list[np.ndarray]] = []  # the pieces of each window
     room: list[list[int]] = [[] for _ in range(body + 1)]  # room[r]: the windows with r tokens free
-    for index in sorted(range(len(pieces)), key=lambda i: -len(pieces[i])):  # stable: ties in stream order
-        size = len(pieces[index])
-        free = next((r for r in range(size, body + 1) if room[r]), None)
-        window = room[free].pop(0) if free is not None else len(windows)
+    for piece in sorted(pieces, key=len, reverse=True):  # stable: equal lengths keep stream order
+        free = next((r for r in range(len(piece), body + 1) if room[r]), None)  # the least room that holds it
         if free is None:
+            window, free = len(windows), body
             windows.append([])
-            free = body
-        windows[window].append(pieces[index])
-        room[free - size].append(window)
+        else:
+            window = room[free].pop(0)
+        windows[window].append(piece)
+        room[free - len(piece)].append(window)
     packed = np.full([max(1, len(windows)), seq_len], PAD_ID, np.int32)
     packed[:, 0] = CLS_ID
     for row, window in enumerate(windows):
