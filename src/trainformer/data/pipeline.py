@@ -6,7 +6,9 @@ Daily: ~95 characters), so padding each to 128 would waste most of the compute. 
 window attend across document boundaries, as in RoBERTa's FULL-SENTENCES packing: [SEP]
 marks the boundary. A block-diagonal mask would cost a (seq, seq) mask per example; RoBERTa
 measured per-document packing within a few tenths of a point of FULL-SENTENCES (we have not
-measured it on our corpora).
+measured it on our corpora). data.packing=documents (pack_documents) keeps the cross-document
+attention but starts every window at a document's start, as a fine-tune reads a text: a tie on
+zh-sentiment (benchmarks/classify/README.md, 31st pass).
 
 Order and masks are a pure function of (seed, batch number) via stateless random ops, so the
 stream is reproducible and a resumed run restarts it at its step, with no iterator state.
