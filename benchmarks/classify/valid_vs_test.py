@@ -1,0 +1,62 @@
+"""How well valid predicts test over many fine-tunes: best and last valid accuracy beside test,
+run by run and per configuration (runs named CONFIG-sSEED), with their correlations.
+
+Reads what the runs already hold; it scores nothing. Each RUN's test figure is the JSON that
+`trainformer eval RUN --split test --json > RUN.test.json` saved (its last line):
+
+    python benchmarks/classify/valid_vs_test.py runs/*-s42 runs/*-s7
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+
+def valid_accuracies(run: Path) -> list[float]:
+    """Valid accuracy (%) at every evaluation of the run, in order."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [100 * row["accuracy"] for row in rows if row.get("split") == "valid"]
+
+
+def test_accuracy(run: Path) -> float | None:
+    """Test accuracy (%) saved beside the run; None where none was saved or the run is no classifier."""
+    saved = run.parent / f"{run.name}.test.json"
+    if not saved.exists():
+        return None
+    accuracy = json.loads(saved.read_text().strip().splitlines()[-1]).get("accuracy")
+    return None if accuracy is None else 100 * accuracy
+
+
+def summary(name: str, best: list[float], test: list[float]) -> str:
+    return (f"{name}: n {len(best)}, best valid {statistics.mean(best):.2f} (sd {statistics.stdev(best):.2f}), "
+            f"test {statistics.mean(test):.2f} (sd {statistics.stdev(test):.2f}), "
+            f"correlation {statistics.correlation(best, test):.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="fine-tune run directories, each with RUN.test.json beside it")
+    print("| run | best valid | last valid | test |\n|---|---:|---:|---:|")
+    best, last, test = [], [], []
+    configs = defaultdict(list)  # CONFIG -> [(best valid, test)] over its seeds
+    for run in parser.parse_args().runs:
+        scored = test_accuracy(run)
+        if scored is None:
+            continue
+        valid = valid_accuracies(run)
+        best.append(max(valid))
+        last.append(valid[-1])
+        test.append(scored)
+        configs[run.name.rsplit("-s", 1)[0]].append((best[-1], scored))
+        print(f"| {run.name} | {best[-1]:.2f} | {last[-1]:.2f} | {scored:.2f} |")
+    print(summary("runs", best, test) + f"; last valid {statistics.mean(last):.2f}")
+    means = [tuple(map(statistics.mean, zip(*pairs))) for pairs in configs.values() if len(pairs) > 1]
+    print(summary("configurations (seed means)", *map(list, zip(*means))))
+
+
+if __name__ == "__main__":
+    main()
