@@ -54,8 +54,9 @@ def main() -> None:
         configs[run.name.rsplit("-s", 1)[0]].append((best[-1], scored))
         print(f"| {run.name} | {best[-1]:.2f} | {last[-1]:.2f} | {scored:.2f} |")
     print(summary("runs", best, test) + f"; last valid {statistics.mean(last):.2f}")
-    means = [tuple(map(statistics.mean, zip(*pairs))) for pairs in configs.values() if len(pairs) > 1]
-    print(summary("configurations (seed means)", *map(list, zip(*means))))
+    seed_means = [(statistics.mean(b for b, _ in pairs), statistics.mean(t for _, t in pairs))
+                  for pairs in configs.values() if len(pairs) > 1]
+    print(summary("configurations (seed means)", [b for b, _ in seed_means], [t for _, t in seed_means]))
 
 
 if __name__ == "__main__":
