@@ -15,11 +15,13 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from trainformer.ops.diff import read_metrics
+from trainformer.run_dir import RunDir
+
 
 def valid_accuracies(run: Path) -> list[float]:
     """Valid accuracy (%) at every evaluation of the run, in order."""
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [100 * row["accuracy"] for row in rows if row.get("split") == "valid"]
+    return [100 * row["accuracy"] for row in read_metrics(RunDir(run).metrics_file) if row.get("split") == "valid"]
 
 
 def test_accuracy(run: Path) -> float | None:
@@ -27,7 +29,7 @@ def test_accuracy(run: Path) -> float | None:
     saved = run.parent / f"{run.name}.test.json"
     if not saved.exists():
         return None
-    accuracy = json.loads(saved.read_text().strip().splitlines()[-1]).get("accuracy")
+    accuracy = json.loads(saved.read_text(encoding="utf-8").strip().splitlines()[-1]).get("accuracy")
     return None if accuracy is None else 100 * accuracy
 
 
