@@ -92,6 +92,23 @@ def test_eval_json_of_a_classify_run(finetuned):
     assert manifest["final_eval"]["num_examples"] == sum(manifest["data"]["class_counts"]["valid"].values())
 
 
+def test_eval_keeps_its_scores_and_says_when_test_is_scored_again(finetuned):
+    run_dir = finetuned[0]
+    scores = run_dir / "eval" / "scores.jsonl"
+    before = len(scores.read_text().splitlines()) if scores.exists() else 0
+    valid = trainformer("eval", str(run_dir), "--json")
+    again = trainformer("eval", str(run_dir), "--split", "test", "--json")
+    said = "this checkpoint was scored on the test split before"
+    assert said not in valid.stderr and said in again.stderr
+    records = [json.loads(line) for line in scores.read_text().splitlines()][before:]
+    assert [record["split"] for record in records] == ["valid", "test"]
+    for record, printed in zip(records, (valid, again)):
+        result = json.loads(printed.stdout)
+        assert record["accuracy"] == result["accuracy"] and record["step"] == result["step"]
+        assert record["checkpoint"] == f"checkpoints/best/best-{result['step']}"  # relative: the run may move
+        assert record["time"].endswith("+00:00")
+
+
 def test_predict_prints_one_json_line_per_text(finetuned):
     run_dir = finetuned[0]
     labels = json.loads((run_dir / "labels.json").read_text())

@@ -11,6 +11,8 @@ from cli_helpers import TINY, read_metrics, trainformer
 
 from trainformer.data.corpus import load_corpus
 from trainformer.data.pipeline import NUM_SPECIAL, pack, tokenize_documents
+from trainformer.run.inference import record_score
+from trainformer.run_dir import RunDir
 
 KEYS = {"loss", "perplexity", "masked_accuracy", "baseline_accuracy", "num_targets", "step", "split", "checkpoint"}
 STEPS, SEQ_LEN, MASK_RATE = 30, 32, 0.15
@@ -98,3 +100,24 @@ def test_eval_split_train_scores_the_training_windows(run, latest, corpus_file, 
                 (("valid", split.valid), ("train", split.train))}
     assert {"valid": valid["num_targets"], "train": train["num_targets"]} == expected
     assert train["loss"] != valid["loss"]
+
+
+SCORE = {"accuracy": 0.5, "step": 40, "split": "test"}
+
+
+def test_a_score_that_cannot_be_recorded_is_still_given(tmp_path):
+    (tmp_path / "eval" / "scores.jsonl").mkdir(parents=True)  # not a file: appending fails, even for root
+    said = []
+    record_score(RunDir(tmp_path), {**SCORE, "checkpoint": str(tmp_path / "checkpoints" / "ckpt-40")}, [], said.append)
+    assert said == [f"trainformer: warning: {RunDir(tmp_path).scores_file}: this score is not recorded (Is a directory)"]
+
+
+def test_a_broken_score_line_is_named_and_kept(tmp_path):
+    scores = RunDir(tmp_path).scores_file
+    scores.parent.mkdir()
+    scores.write_text('{"split": "test", "step": 40, "checkpoint": "checkpoints/ckpt-40"}\n{"split": "te\n')
+    said = []
+    record_score(RunDir(tmp_path), {**SCORE, "checkpoint": str(tmp_path / "checkpoints" / "ckpt-40")}, [], said.append)
+    assert said == [f"trainformer: warning: {scores}:2: not a JSON record (Unterminated string starting at)"]
+    lines = scores.read_text().splitlines()
+    assert len(lines) == 3 and lines[1] == '{"split": "te' and json.loads(lines[2])["checkpoint"] == "checkpoints/ckpt-40"

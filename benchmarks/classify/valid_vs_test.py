@@ -1,8 +1,9 @@
 """How well valid predicts test over many fine-tunes: best and last valid accuracy beside test,
 run by run and per configuration (runs named CONFIG-sSEED), with their correlations.
 
-Reads what the runs already hold; it scores nothing. Each RUN's test figure is the JSON that
-`trainformer eval RUN --split test --json > RUN.test.json` saved (its last line):
+Reads what the runs already hold; it scores nothing. Each RUN's test figure is the first test
+score `trainformer eval RUN --split test` kept in RUN/eval/scores.jsonl, or for runs scored
+before eval kept its scores, the JSON `eval --json > RUN.test.json` saved (its last line):
 
     python benchmarks/classify/valid_vs_test.py runs/*-s42 runs/*-s7
 """
@@ -15,17 +16,22 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from trainformer.ops.diff import read_metrics
+from trainformer.files import read_records
 from trainformer.run_dir import RunDir
 
 
 def valid_accuracies(run: Path) -> list[float]:
     """Valid accuracy (%) at every evaluation of the run, in order."""
-    return [100 * row["accuracy"] for row in read_metrics(RunDir(run).metrics_file) if row.get("split") == "valid"]
+    return [100 * row["accuracy"] for row in read_records(RunDir(run).metrics_file) if row.get("split") == "valid"]
 
 
 def test_accuracy(run: Path) -> float | None:
-    """Test accuracy (%) saved beside the run; None where none was saved or the run is no classifier."""
+    """Test accuracy (%): the run's first test score (RUN/eval/scores.jsonl), else the JSON
+    saved beside it (runs scored before eval kept its scores); None where neither holds one."""
+    recorded = [row["accuracy"] for row in read_records(RunDir(run).scores_file)
+                if row.get("split") == "test" and "accuracy" in row]
+    if recorded:
+        return 100 * recorded[0]
     saved = run.parent / f"{run.name}.test.json"
     if not saved.exists():
         return None
@@ -41,7 +47,7 @@ def summary(name: str, best: list[float], test: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path, help="fine-tune run directories, each with RUN.test.json beside it")
+    parser.add_argument("runs", nargs="+", type=Path, help="fine-tune run directories scored on test")
     print("| run | best valid | last valid | test |\n|---|---:|---:|---:|")
     best, last, test = [], [], []
     configs = defaultdict(list)  # CONFIG -> [(best valid, test)] over its seeds

@@ -19,6 +19,30 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(partial, path)
 
 
+def append_record(path: Path, record: dict) -> None:
+    """Add one JSON line to a log, written whole in one call and synced: the lines before it
+    are never rewritten."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_records(path: Path) -> list[dict]:
+    """The JSON lines of a log (none where it does not exist), or a UserError naming the line
+    that is not one."""
+    if not path.is_file():
+        return []
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise UserError(f"{path}:{number}: not a JSON record ({err.msg})") from None
+    return records
+
+
 def read_json(path: Path) -> dict:
     """A JSON object from a file, or a UserError naming the file and what is wrong with it."""
     try:

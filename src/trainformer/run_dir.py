@@ -54,6 +54,7 @@ class RunDir:
     logs_dir = property(lambda self: self.root / "logs")
     metrics_file = property(lambda self: self.root / "metrics.jsonl")
     cache_dir = property(lambda self: self.root / "cache")
+    scores_file = property(lambda self: self.root / "eval" / "scores.jsonl")  # one line per `trainformer eval`
 
     lock_file = property(lambda self: self.root / ".lock")
 

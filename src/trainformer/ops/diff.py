@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from trainformer.errors import UserError
-from trainformer.files import read_json
+from trainformer.files import read_json, read_records
 from trainformer.run_dir import RunDir
 
 # Config keys shown in their own aspect, further down, rather than among the config keys.
@@ -73,24 +73,12 @@ def read_run(root: Path) -> dict:
     if not isinstance(config, dict):
         raise UserError(f"{run.config_file}: not a run config (a YAML mapping expected)")
     return {"config": config, "manifest": read_manifest(run.manifest_file),
-            "metrics": read_metrics(run.metrics_file), "vocab": run.tokenizer_dir / "vocab.txt"}
+            "metrics": read_records(run.metrics_file), "vocab": run.tokenizer_dir / "vocab.txt"}
 
 
 def read_manifest(path: Path) -> dict:
     # a run stopped before its first step records no manifest yet
     return read_json(path) if path.is_file() else {}
-
-
-def read_metrics(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise UserError(f"{path}:{number}: not a JSON record ({err.msg})") from None
-    return records
 
 
 # ---------------------------------------------------------------- what a run is, aspect by aspect

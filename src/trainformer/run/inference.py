@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import unicodedata
 from pathlib import Path
 
 from trainformer.config import with_decode_overrides
 from trainformer.errors import UserError
-from trainformer.run_dir import RunDir
+from trainformer.files import append_record, read_records
+from trainformer.run_dir import RunDir, now
 from trainformer.tasks import load_source, task_for
 from trainformer.train.checkpoint import choose_checkpoint, restore_chosen
 from trainformer.train.precision import resolved
@@ -41,16 +43,43 @@ def load_run(run_dir: Path, which: str | None = None, precision: str | None = No
 
 
 def evaluate(run_dir: Path, split: str = "valid", which: str | None = None, overrides=(), say=None) -> dict:
-    """Score a run's checkpoint on a split with its task's metrics; a task that generates text
-    also writes its outputs beside the references (RUN_DIR/eval/<split>-<step>.jsonl), and
-    tells `say` how far its decoding is."""
+    """Score a run's checkpoint on a split with its task's metrics, and keep the score in the
+    run (record_score); a task that generates text also writes its outputs beside the
+    references (RUN_DIR/eval/<split>-<step>.jsonl), and tells `say` how far its decoding is."""
     task, model, path, step = load_run(run_dir, which, overrides=overrides, say=say)
     generates_text = hasattr(task, "save_outputs")
     evaluator = task.evaluator(model, progress=say) if generates_text else task.evaluator(model)
     metrics = {**evaluator(split), "step": step, "split": split, "checkpoint": path}
     if generates_text:
         metrics["outputs_file"] = str(task.save_outputs(step))
+    record_score(RunDir(run_dir), metrics, list(overrides), say or (lambda text: None))
     return metrics
+
+
+def record_score(run: RunDir, metrics: dict, overrides: list[str], say) -> None:
+    """Append an eval to RUN_DIR/eval/scores.jsonl (when, the checkpoint relative to the run,
+    decode overrides, every metric), so a run keeps what it was scored on. The test split
+    scored again at the same checkpoint is said: every look at test is a choice made on it.
+    A run that cannot be written to (read-only) is scored all the same, with a warning."""
+    paths = {key: os.path.relpath(metrics[key], run.root) for key in ("checkpoint", "outputs_file") if key in metrics}
+    record = {"time": now(), **metrics, **paths, **({"overrides": overrides} if overrides else {})}
+    try:
+        earlier = [entry for entry in read_records(run.scores_file) if same_scoring(entry, record)]
+    except (UserError, OSError) as err:
+        earlier = []
+        say(f"trainformer: warning: {err}")
+    if earlier and record["split"] == "test":
+        say(f"trainformer: note: this checkpoint was scored on the test split before ({len(earlier)}x, first at "
+            f"{earlier[0].get('time', '?')}; {run.scores_file}): choose on valid, or test stops being held out")
+    try:
+        append_record(run.scores_file, record)
+    except OSError as err:
+        say(f"trainformer: warning: {run.scores_file}: this score is not recorded ({err.strerror})")
+
+
+def same_scoring(entry: dict, record: dict) -> bool:
+    """Whether a recorded eval scored what this one does: the split, checkpoint and decoding."""
+    return all(entry.get(key) == record.get(key) for key in ("split", "checkpoint", "step", "overrides"))
 
 
 def predictor(run_dir: Path, which: str | None = None, nbest: bool = False, warn=None):
