@@ -6,6 +6,7 @@ A diagnostic on the valid split unless --split says otherwise; every run must ha
 the same architecture from the same pretraining run (a soup of different starts is noise).
 
     python benchmarks/classify/soup.py runs/zh-sentiment runs/zh-sentiment-s7
+    python benchmarks/classify/soup.py runs/zh-sentiment runs/zh-sentiment-s7 --split test --ensemble-only
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="classify runs fine-tuned from the same pretraining run")
     parser.add_argument("--split", default="valid", choices=["valid", "test"])
+    parser.add_argument("--ensemble-only", action="store_true",
+                        help="leave the soup out (test scores only what valid chose: no soup has won there)")
     args = parser.parse_args()
     configs = [RunDir(Path(run)).load_config() for run in args.runs]
     starts = {config.model.init_from for config in configs}
@@ -41,6 +44,8 @@ def main() -> None:
         print(f"{run} (step {step}): {np.mean(alone[-1].argmax(1) == truth):.2%}")
     ensemble = np.mean(alone, axis=0)
     print(f"ensemble of {len(alone)}: {np.mean(ensemble.argmax(1) == truth):.2%}")
+    if args.ensemble_only:
+        return
 
     task, soup, _, _ = loaded[0]
     for weight, *others in zip(soup.weights, *(model.weights for _, model, _, _ in loaded[1:])):
