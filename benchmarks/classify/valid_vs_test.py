@@ -40,9 +40,17 @@ def test_accuracy(run: Path) -> float | None:
 
 
 def summary(name: str, best: list[float], test: list[float]) -> str:
-    return (f"{name}: n {len(best)}, best valid {statistics.mean(best):.2f} (sd {statistics.stdev(best):.2f}), "
-            f"test {statistics.mean(test):.2f} (sd {statistics.stdev(test):.2f}), "
-            f"correlation {statistics.correlation(best, test):.2f}")
+    """Means, spreads and correlation; a spread or correlation that two values cannot give (or
+    a constant column) reads n/a."""
+    def spread(values: list[float]) -> str:
+        return f"{statistics.stdev(values):.2f}" if len(values) > 1 else "n/a"
+
+    try:
+        correlation = f"{statistics.correlation(best, test):.2f}"
+    except statistics.StatisticsError:  # under two pairs, or a column without spread
+        correlation = "n/a"
+    return (f"{name}: n {len(best)}, best valid {statistics.mean(best):.2f} (sd {spread(best)}), "
+            f"test {statistics.mean(test):.2f} (sd {spread(test)}), correlation {correlation}")
 
 
 def main() -> None:
@@ -64,7 +72,8 @@ def main() -> None:
     print(summary("runs", best, test) + f"; last valid {statistics.mean(last):.2f}")
     seed_means = [(statistics.mean(b for b, _ in pairs), statistics.mean(t for _, t in pairs))
                   for pairs in configs.values() if len(pairs) > 1]
-    print(summary("configurations (seed means)", [b for b, _ in seed_means], [t for _, t in seed_means]))
+    if seed_means:
+        print(summary("configurations (seed means)", [b for b, _ in seed_means], [t for _, t in seed_means]))
 
 
 if __name__ == "__main__":
