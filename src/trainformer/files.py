@@ -34,8 +34,12 @@ def read_records(path: Path) -> list[dict]:
     that is not one."""
     if not path.is_file():
         return []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text") from None
     records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(text.splitlines(), 1):
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError as err:
