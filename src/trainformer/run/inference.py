@@ -79,7 +79,7 @@ def record_score(run: RunDir, metrics: dict, overrides: list[str], say) -> None:
 
 def same_scoring(entry: dict, record: dict) -> bool:
     """Whether a recorded eval scored what this one does: the split, checkpoint and decoding."""
-    return all(entry.get(key) == record.get(key) for key in ("split", "checkpoint", "step", "overrides"))
+    return all(entry.get(key) == record.get(key) for key in ("split", "checkpoint", "overrides"))  # the path names the step
 
 
 def predictor(run_dir: Path, which: str | None = None, nbest: bool = False, warn=None):
