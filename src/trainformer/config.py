@@ -40,7 +40,7 @@ class ModelConfig:
     dff: int = 512
     dropout: float = 0.0
     norm: str = "pre"  # post: LayerNorm after each residual (BERT, the seeds); pre: before
-    position: str = "sinusoidal"  # sinusoidal | learned
+    position: str = "sinusoidal"  # sinusoidal | learned | rope (rotary: no position vectors; queries and keys turned by position; a seq2seq decoder's are sinusoidal)
     activation: str = "gelu_tanh"  # feed-forward: gelu_tanh (approximate) | gelu (exact, erf: BERT's) | relu2 (relu squared)
     max_length: int = 0  # positions the model holds; 0: data.seq_len (an imported BERT keeps its 512)
     # hash buckets of the character bigrams and trigrams added to each token's vector (ZEN,
@@ -215,7 +215,7 @@ CHOICES = {
     "decode.strategy": ("greedy", "beam"),
     "model.norm": ("post", "pre"),
     "model.activation": ("gelu_tanh", "gelu", "relu2"),
-    "model.position": ("sinusoidal", "learned"),
+    "model.position": ("sinusoidal", "learned", "rope"),
     "model.pooling": ("cls", "mean"),
     "model.decoder_init": ("encoder", "random"),
     "train.precision": ("auto", "fp32", "bf16", "fp16"),

@@ -238,6 +238,12 @@ def test_sinusoidal_positions_are_refused(tmp_path):
     assert "\n" not in str(caught.value) and not (tmp_path / "out").exists()
 
 
+def test_rotary_positions_are_refused(tmp_path):
+    run_dir = config_only_run(tmp_path / "run", "zh-bert-tiny", "model.norm=post", "model.position=rope")
+    with pytest.raises(UserError, match=r"model.position rope has no Hugging Face BERT equivalent"):
+        export_hf(run_dir, tmp_path / "out", say=quiet)
+
+
 def test_mean_pooling_is_refused(tmp_path):
     """BERT's pooler reads [CLS]: a BertForSequenceClassification would answer otherwise."""
     run_dir = config_only_run(tmp_path / "run", "zh-intent", "model.norm=post", "model.position=learned",

@@ -95,6 +95,15 @@ def test_electra_on_real_windows_labels_exactly_the_changed_tokens(electra, corp
     assert outputs["discriminator_logits"].shape == original.shape
 
 
+def test_the_generator_takes_the_discriminators_rotary_positions(tokenizer):
+    """The generator shares the token embedding, so it must place tokens as the encoder does:
+    with RoPE, no position vectors and queries and keys rotated in every block."""
+    config = ModelConfig(d_model=32, num_layers=2, num_heads=2, dff=64, position="rope")
+    model = Electra(build_encoder(config, tokenizer.vocab_size, 32), generator_layers=1)
+    assert not [w for w in model.weights if "position" in w.path]
+    assert model.get_layer("generator_block_0").rotary and model.encoder.get_layer("block_0").rotary
+
+
 def test_a_classifier_starts_from_the_discriminator(electra, tmp_path, tokenizer):
     from trainformer.train.checkpoint import restore_pretrained
 

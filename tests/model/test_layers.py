@@ -20,6 +20,7 @@ from trainformer.model.layers import (
     gelu,
     gelu_exact,
     padding_keep,
+    rotate,
     squared_relu,
 )
 
@@ -312,6 +313,55 @@ def test_a_bias_free_encoder_is_the_biased_one_with_zero_biases():
     inputs = {"token_ids": ids, "padding_mask": ids != 0}
     np.testing.assert_allclose(np.asarray(bias_free(inputs)), np.asarray(biased(inputs)), rtol=1e-6, atol=1e-6)
     assert TransformerEncoder.from_config(bias_free.get_config()).use_bias is False
+
+
+def test_rotary_scores_depend_on_the_offset_and_its_sign():
+    """RoPE: rotations keep lengths, and a query-key product depends only on where the key
+    stands relative to the query, left and right told apart."""
+    query, key = random(4), random(4)
+    rows = np.zeros((1, 8, 1, 4), "float32")  # (batch, seq, heads, head_dim)
+
+    def score(query_at, key_at):
+        queries, keys = rows.copy(), rows.copy()
+        queries[0, query_at, 0], keys[0, key_at, 0] = query, key
+        return float(np.asarray(rotate(queries))[0, query_at, 0] @ np.asarray(rotate(keys))[0, key_at, 0])
+
+    turned = np.asarray(rotate(np.broadcast_to(query, (1, 8, 1, 4)).copy()))
+    np.testing.assert_allclose(np.linalg.norm(turned, axis=-1), np.linalg.norm(query), rtol=1e-5)
+    np.testing.assert_allclose(turned[0, 0, 0], query)  # position 0 is not turned
+    np.testing.assert_allclose(score(5, 2), score(6, 3), rtol=1e-4)
+    assert abs(score(5, 2) - score(2, 5)) > 1e-3
+
+
+def rotary_encoder(position="rope"):
+    from trainformer.model.encoder import TransformerEncoder
+
+    return TransformerEncoder(vocab_size=50, max_length=8, d_model=16, num_layers=2, num_heads=2, dff=32,
+                              norm="pre", position=position)
+
+
+def test_a_rotary_encoder_reads_a_text_the_same_wherever_it_stands():
+    """No position vectors: a token's vector depends on where the others stand relative to it.
+    So a text moved along its padding reads the same (what lets a model pretrained on 64-token
+    windows read a 256-token review with what it learned), yet order counts, direction included:
+    reversed or with two tokens swapped, the vectors change. Sinusoidal positions, the control,
+    read the moved text otherwise."""
+    encoder = rotary_encoder()
+    assert not [w for w in encoder.weights if "position" in w.path]
+    text, moved, reversed_, swapped = (np.array([ids], "int32") for ids in
+                                       ([5, 9, 14, 3, 0, 0], [0, 0, 5, 9, 14, 3], [3, 14, 9, 5, 0, 0], [9, 5, 14, 3, 0, 0]))
+
+    def vectors(model, token_ids):
+        return np.asarray(model({"token_ids": token_ids, "padding_mask": token_ids != 0}))[0]
+
+    base = vectors(encoder, text)
+    np.testing.assert_allclose(vectors(encoder, moved)[2:], base[:4], atol=1e-5)
+    assert np.abs(vectors(encoder, reversed_)[:4] - base[3::-1]).max() > 1e-3
+    assert np.abs(vectors(encoder, swapped)[2:4] - base[2:4]).max() > 1e-3
+    sinusoidal = rotary_encoder("sinusoidal")
+    sinusoidal.set_weights(encoder.get_weights())
+    assert np.abs(vectors(sinusoidal, moved)[2:] - vectors(sinusoidal, text)[:4]).max() > 1e-3
+    assert type(encoder).from_config(encoder.get_config()).get_layer("block_0").rotary
 
 
 @pytest.mark.parametrize("layer_class", [PositionalEncoding, LearnedPositionalEmbedding])

@@ -33,7 +33,8 @@ def sources(batch=3, length=10):
 
 @pytest.mark.parametrize("norm, tie, position, copy", [("pre", True, "sinusoidal", False),
                                                       ("post", False, "learned", False),
-                                                      ("pre", True, "sinusoidal", True)])
+                                                      ("pre", True, "sinusoidal", True),
+                                                      ("pre", True, "rope", True)])  # its decoder: sinusoidal
 def test_a_cached_step_equals_the_whole_prefix(norm, tie, position, copy):
     model = tiny_model(norm, tie, position, copy)
     source_ids, source_mask = sources()

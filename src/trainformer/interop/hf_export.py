@@ -59,6 +59,7 @@ UNMAPPABLE = (
     ("norm", "pre", "BERT normalises after each residual (model.norm post)"),
     ("position", "sinusoidal", "BERT learns its positions and does not scale the token embeddings by "
                                "sqrt(d_model) (model.position learned)"),
+    ("position", "rope", "BERT adds learned position vectors; it does not rotate queries and keys (model.position learned)"),
     ("pooling", "mean", "BERT's pooler reads the [CLS] vector (model.pooling cls)"),
     ("use_bias", False, "BERT's attention and feed-forward projections add biases (model.use_bias true)"),
 )

@@ -115,13 +115,14 @@ def generator_sequence(encoder: TransformerEncoder, token_ids, padding_mask, num
     if encoder.position == "sinusoidal":
         x = keras.layers.Rescaling(math.sqrt(encoder.d_model), name="generator_embedding_scale", dtype=dtype)(x)
         x = PositionalEncoding(encoder.max_length, name="generator_position_encoding", dtype=dtype)(x)
-    else:
+    elif encoder.position == "learned":
         x = LearnedPositionalEmbedding(encoder.max_length, name="generator_position_embedding", dtype=dtype)(x)
     if encoder.norm == "post":
         x = keras.layers.LayerNormalization(epsilon=1e-12, name="generator_embeddings_norm", dtype=dtype)(x)
     for index in range(num_layers):
         block = TransformerEncoderBlock(encoder.num_heads, encoder.dff, 0.0, encoder.norm, activation=encoder.activation,
-                                        use_bias=encoder.use_bias, name=f"generator_block_{index}", dtype=dtype)
+                                        use_bias=encoder.use_bias, rotary=encoder.position == "rope",
+                                        name=f"generator_block_{index}", dtype=dtype)
         x = block(x, padding_mask=padding_mask)
     if encoder.norm == "pre":
         x = keras.layers.LayerNormalization(epsilon=1e-12, name="generator_final_norm", dtype=dtype)(x)

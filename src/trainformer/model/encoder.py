@@ -26,7 +26,8 @@ class TransformerEncoder(keras.Model):
         max_length: the longest input sequence.
         d_model, num_layers, num_heads, dff, dropout: the usual Transformer sizes.
         norm: "post" (BERT, with a LayerNorm on the embeddings) or "pre" (with a final LayerNorm).
-        position: "sinusoidal" (fixed) or "learned" position vectors.
+        position: "sinusoidal" (fixed) or "learned" position vectors, or "rope" (none: every
+            block rotates its queries and keys by position, so attention reads offsets).
         activation: the feed-forward activation of every block: "gelu_tanh" (tanh approximation),
             "gelu" (exact, erf form: BERT's, and what an imported Hugging Face BERT uses) or
             "relu2" (relu squared, Primer's).
@@ -53,11 +54,11 @@ class TransformerEncoder(keras.Model):
             vocab_size, d_model, embeddings_initializer=keras.initializers.TruncatedNormal(stddev=0.02),
             name="token_embedding", dtype=dtype,
         )
-        positions = (
-            PositionalEncoding(max_length, name="position_encoding", dtype=dtype)
-            if position == "sinusoidal"
-            else LearnedPositionalEmbedding(max_length, name="position_embedding", dtype=dtype)
-        )
+        positions = None  # rope: no position vectors, the blocks rotate queries and keys
+        if position == "sinusoidal":
+            positions = PositionalEncoding(max_length, name="position_encoding", dtype=dtype)
+        elif position == "learned":
+            positions = LearnedPositionalEmbedding(max_length, name="position_embedding", dtype=dtype)
         x = token_embedding(token_ids)  # (batch, seq, d)
         if ngram_buckets:
             x = x + NgramEmbedding(ngram_buckets, d_model, name="ngram_embedding", dtype=dtype)(token_ids)
@@ -66,13 +67,14 @@ class TransformerEncoder(keras.Model):
             # unscaled, positions drown the token signal and training stalls at the unigram
             # plateau. Scale by sqrt(d) as in "Attention Is All You Need".
             x = keras.layers.Rescaling(math.sqrt(d_model), name="embedding_scale", dtype=dtype)(x)
-        x = positions(x)
+        if positions is not None:
+            x = positions(x)
         if norm == "post":
             x = keras.layers.LayerNormalization(epsilon=1e-12, name="embeddings_norm", dtype=dtype)(x)
         x = Dropout(dropout, name="embeddings_dropout", dtype=dtype)(x)
         for index in range(num_layers):
             block = TransformerEncoderBlock(num_heads, dff, dropout, norm, activation=activation, use_bias=use_bias,
-                                            name=f"block_{index}", dtype=dtype)
+                                            rotary=position == "rope", name=f"block_{index}", dtype=dtype)
             x = block(x, padding_mask=padding_mask)
         if norm == "pre":
             x = keras.layers.LayerNormalization(epsilon=1e-12, name="final_norm", dtype=dtype)(x)

@@ -139,6 +139,22 @@ def split_heads(x, parts: int, num_heads: int, head_dim: int):
     return tuple(ops.squeeze(part, 2) for part in ops.split(x, parts, axis=2))
 
 
+def rotate(x):
+    """Rotary position embedding (RoPE; Su et al. 2021, RoFormer): each pair of x's features
+    (i, i + head_dim / 2) at position t turned by the angle t * 10000^(-2i / head_dim), so a
+    query-key product depends on the two positions' offset, and its sign: relative and
+    directional, with no position vectors. x: (batch, seq, heads, head_dim) -> the same.
+    """
+    length, head_dim = ops.shape(x)[1], x.shape[-1]
+    rates = ops.convert_to_tensor(10000.0 ** (-np.arange(0, head_dim, 2) / head_dim), "float32")  # (head_dim / 2,)
+    angles = ops.expand_dims(ops.arange(length, dtype="float32"), 1) * rates  # (seq, head_dim / 2)
+    # reshape, not [None, :, None, :]: TFLite has no StridedSlice with new axes (padding_keep)
+    cos, sin = (ops.cast(ops.reshape(ops.tile(f(angles), (1, 2)), (1, length, 1, head_dim)), x.dtype)
+                for f in (ops.cos, ops.sin))  # each (1, seq, 1, head_dim)
+    first, second = ops.split(x, 2, axis=-1)  # split, not slices: see split_heads
+    return x * cos + ops.concatenate([-second, first], axis=-1) * sin
+
+
 def padding_keep(padding_mask):
     """A (batch, seq) padding mask -> the (batch, 1, 1, seq) bool `keep` of the attention
     functions; None stays None."""
@@ -386,7 +402,9 @@ class TransformerBlock(keras.layers.Layer):
 class TransformerEncoderBlock(TransformerBlock):
     """Self-attention + GELU feed-forward, each with dropout and a residual connection.
 
-    Args: those of TransformerBlock.
+    Args: those of TransformerBlock, and
+        rotary: rotate queries and keys by their positions (RoPE, `rotate`), for an encoder
+            that adds no position vectors.
 
     Query, key and value come from one fused (d, 3d) projection: one matmul instead of three,
     with the same parameter count as separate ones.
@@ -396,6 +414,10 @@ class TransformerEncoderBlock(TransformerBlock):
         y = block(x, padding_mask=mask)  # x (batch, seq, d), mask (batch, seq) bool -> (batch, seq, d)
         probs = block.attention_probabilities(x, padding_mask=mask)  # (batch, heads, seq, seq) float32
     """
+
+    def __init__(self, *args, rotary: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rotary = rotary
 
     def build(self, input_shape):
         d_model = input_shape[-1]
@@ -447,8 +469,10 @@ class TransformerEncoderBlock(TransformerBlock):
         return attention_probabilities(query, key, padding_keep(padding_mask))
 
     def _heads(self, x):
-        """Fused projection -> query, key, value, each (batch, seq, heads, head_dim)."""
-        return split_heads(self._qkv(x), 3, self.num_heads, self.head_dim)
+        """Fused projection -> query, key, value, each (batch, seq, heads, head_dim); with
+        rotary, query and key rotated by their positions."""
+        query, key, value = split_heads(self._qkv(x), 3, self.num_heads, self.head_dim)
+        return (rotate(query), rotate(key), value) if self.rotary else (query, key, value)
 
     def _attention(self, x, padding_mask, training):
         query, key, value = self._heads(x)  # each (batch, seq, heads, head_dim)
@@ -457,3 +481,6 @@ class TransformerEncoderBlock(TransformerBlock):
 
     def compute_output_shape(self, input_shape):
         return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "rotary": self.rotary}

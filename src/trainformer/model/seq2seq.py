@@ -41,8 +41,10 @@ class Seq2Seq(EncoderModel):
             embedding = ReversibleEmbedding(encoder.vocab_size, encoder.d_model, name="decoder_token_embedding",
                                             embeddings_initializer=keras.initializers.TruncatedNormal(stddev=0.02),
                                             dtype=encoder.dtype_policy)
+        # A rope encoder's decoder adds sinusoidal vectors: its cached step turns no queries and keys
+        decoder_position = "sinusoidal" if encoder.position == "rope" else encoder.position
         decoder = TransformerDecoder(embedding, target_length, decoder_layers, encoder.num_heads, encoder.dff,
-                                     encoder.dropout, encoder.norm, encoder.position, encoder.activation,
+                                     encoder.dropout, encoder.norm, decoder_position, encoder.activation,
                                      copy_source, encoder.use_bias, name="decoder", dtype=encoder.dtype_policy)
         memory = encoder({"token_ids": inputs["source_ids"], "padding_mask": inputs["source_mask"]})
         logits = decoder(inputs["target_ids"], memory, inputs["source_mask"], inputs["source_ids"])
