@@ -324,9 +324,10 @@ def test_rotary_scores_depend_on_the_offset_and_its_sign():
     def score(query_at, key_at):
         queries, keys = rows.copy(), rows.copy()
         queries[0, query_at, 0], keys[0, key_at, 0] = query, key
-        return float(np.asarray(rotate(queries))[0, query_at, 0] @ np.asarray(rotate(keys))[0, key_at, 0])
+        queries, keys = (np.asarray(t) for t in rotate(queries, keys))
+        return float(queries[0, query_at, 0] @ keys[0, key_at, 0])
 
-    turned = np.asarray(rotate(np.broadcast_to(query, (1, 8, 1, 4)).copy()))
+    (turned,) = (np.asarray(t) for t in rotate(np.broadcast_to(query, (1, 8, 1, 4)).copy()))
     np.testing.assert_allclose(np.linalg.norm(turned, axis=-1), np.linalg.norm(query), rtol=1e-5)
     np.testing.assert_allclose(turned[0, 0, 0], query)  # position 0 is not turned
     np.testing.assert_allclose(score(5, 2), score(6, 3), rtol=1e-4)

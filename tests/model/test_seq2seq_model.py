@@ -48,6 +48,12 @@ def test_a_cached_step_equals_the_whole_prefix(norm, tie, position, copy):
         np.testing.assert_allclose(logits.numpy(), full[:, index].numpy(), atol=2e-5)
 
 
+def test_a_rotary_encoders_decoder_adds_fixed_positions():
+    """The cached step turns no queries and keys, so a rope encoder's decoder adds sinusoidal
+    vectors: no position table to learn from a thousand headlines, none in the encoder."""
+    assert not [w.path for w in tiny_model(position="rope").weights if "position" in w.path]
+
+
 def run_search(model, beam_size=None, cache=True, max_length=TARGET_LEN, alpha=0.6):
     source_ids, source_mask = sources()
     state = search.initial_state(model, source_ids, source_mask, max_length, cache)

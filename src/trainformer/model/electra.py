@@ -15,17 +15,13 @@ included, is a pure function of (seed, batch number): resumes stay bitwise.
 
 from __future__ import annotations
 
-import math
-
 import keras
 from keras import ops
 
-from trainformer.model.encoder import EncoderModel, TransformerEncoder
+from trainformer.model.encoder import EncoderModel, TransformerEncoder, add_positions
 from trainformer.model.heads import MaskedLMHead
 from trainformer.model.layers import (
     PACKAGE,
-    LearnedPositionalEmbedding,
-    PositionalEncoding,
     TransformerEncoderBlock,
     activation_function,
 )
@@ -112,11 +108,7 @@ def generator_sequence(encoder: TransformerEncoder, token_ids, padding_mask, num
     width, heads and feed-forward size. -> (batch, seq, d)."""
     dtype = encoder.dtype_policy
     x = encoder.token_embedding(token_ids)  # (batch, seq, d): shared with the discriminator
-    if encoder.position == "sinusoidal":
-        x = keras.layers.Rescaling(math.sqrt(encoder.d_model), name="generator_embedding_scale", dtype=dtype)(x)
-        x = PositionalEncoding(encoder.max_length, name="generator_position_encoding", dtype=dtype)(x)
-    elif encoder.position == "learned":
-        x = LearnedPositionalEmbedding(encoder.max_length, name="generator_position_embedding", dtype=dtype)(x)
+    x = add_positions(x, encoder.position, encoder.max_length, encoder.d_model, dtype, prefix="generator_")
     if encoder.norm == "post":
         x = keras.layers.LayerNormalization(epsilon=1e-12, name="generator_embeddings_norm", dtype=dtype)(x)
     for index in range(num_layers):

@@ -17,6 +17,21 @@ from trainformer.model.layers import (
 )
 
 
+def add_positions(x, position: str, max_length: int, d_model: int, dtype=None, prefix: str = ""):
+    """Token vectors (batch, seq, d) -> with their positions: sinusoidal or learned vectors
+    added; rope adds none (its blocks rotate queries and keys). prefix names the layers (the
+    ELECTRA generator's own are generator_...)."""
+    if position == "sinusoidal":
+        # The fixed encoding has unit-scale entries while embeddings start at std 0.02:
+        # unscaled, positions drown the token signal and training stalls at the unigram
+        # plateau. Scale by sqrt(d) as in "Attention Is All You Need".
+        x = keras.layers.Rescaling(math.sqrt(d_model), name=f"{prefix}embedding_scale", dtype=dtype)(x)
+        return PositionalEncoding(max_length, name=f"{prefix}position_encoding", dtype=dtype)(x)
+    if position == "learned":
+        return LearnedPositionalEmbedding(max_length, name=f"{prefix}position_embedding", dtype=dtype)(x)
+    return x
+
+
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class TransformerEncoder(keras.Model):
     """A BERT-style encoder as a functional model (KerasHub's backbone pattern).
@@ -54,21 +69,10 @@ class TransformerEncoder(keras.Model):
             vocab_size, d_model, embeddings_initializer=keras.initializers.TruncatedNormal(stddev=0.02),
             name="token_embedding", dtype=dtype,
         )
-        positions = None  # rope: no position vectors, the blocks rotate queries and keys
-        if position == "sinusoidal":
-            positions = PositionalEncoding(max_length, name="position_encoding", dtype=dtype)
-        elif position == "learned":
-            positions = LearnedPositionalEmbedding(max_length, name="position_embedding", dtype=dtype)
         x = token_embedding(token_ids)  # (batch, seq, d)
         if ngram_buckets:
             x = x + NgramEmbedding(ngram_buckets, d_model, name="ngram_embedding", dtype=dtype)(token_ids)
-        if position == "sinusoidal":
-            # The fixed encoding has unit-scale entries while embeddings start at std 0.02:
-            # unscaled, positions drown the token signal and training stalls at the unigram
-            # plateau. Scale by sqrt(d) as in "Attention Is All You Need".
-            x = keras.layers.Rescaling(math.sqrt(d_model), name="embedding_scale", dtype=dtype)(x)
-        if positions is not None:
-            x = positions(x)
+        x = add_positions(x, position, max_length, d_model, dtype)
         if norm == "post":
             x = keras.layers.LayerNormalization(epsilon=1e-12, name="embeddings_norm", dtype=dtype)(x)
         x = Dropout(dropout, name="embeddings_dropout", dtype=dtype)(x)
