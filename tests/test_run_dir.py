@@ -128,7 +128,7 @@ def test_train_without_config_resumes_the_run_with_its_own_config(tmp_path):
 
 SOURCE_SIZES = ["model.d_model=64", "model.num_layers=3", "model.num_heads=4", "model.dff=96", "model.norm=post",
                 "model.position=learned", "model.activation=gelu", "model.ngram_buckets=64", "model.use_bias=false",
-                "data.seq_len=48"]
+                "model.glu=true", "data.seq_len=48"]
 
 
 @pytest.fixture
@@ -142,7 +142,7 @@ def test_a_fine_tune_takes_the_encoder_sizes_it_leaves_out_from_the_run_it_start
     config, run = resolve_train_config(*command)
     m = config.model
     assert (m.d_model, m.num_layers, m.num_heads, m.dff, m.norm, m.position, m.activation, m.ngram_buckets,
-            m.use_bias, m.max_length) == (64, 3, 4, 96, "post", "learned", "gelu", 64, False, 48)  # max_length: its seq_len
+            m.use_bias, m.glu, m.max_length) == (64, 3, 4, 96, "post", "learned", "gelu", 64, False, True, 48)  # max_length: its seq_len
     assert m.dropout == 0.1 and config.data.seq_len == 32  # zh-sentiment's own choices stay
     run.check_init_from(config)
     # config.yaml holds the sizes: eval, predict, export and a resume see them

@@ -142,7 +142,7 @@ def test_the_encoder_starts_from_a_pretraining_run(tmp_path):
 # The encoder weight each decoder weight starts from with model.decoder_init=encoder (BERT2BERT):
 # none for cross-attention and the output bias, which the encoder has nothing to compute.
 FROM_ENCODER_BLOCK = {"self_qkv": "qkv", "self_output": "attention_output", "self_norm": "attention_norm",
-                      "ffn_inner": "ffn_inner", "ffn_output": "ffn_output", "ffn_norm": "ffn_norm"}
+                      "ffn_inner": "ffn_inner", "ffn_gate": "ffn_gate", "ffn_output": "ffn_output", "ffn_norm": "ffn_norm"}
 FROM_ENCODER = {"embeddings_norm": "embeddings_norm", "final_norm": "final_norm", "positions": "position_embedding",
                 "decoder_token_embedding": "token_embedding"}
 
@@ -161,7 +161,8 @@ def encoder_counterpart(path: str) -> str | None:
 
 @pytest.mark.parametrize("layout", [["model.norm=pre"], ["model.norm=post", "model.position=learned",
                                                          "model.tie_embeddings=false"],
-                                    ["model.norm=pre", "model.use_bias=false"]], ids=["pre", "post-learned", "no-bias"])
+                                    ["model.norm=pre", "model.use_bias=false", "model.glu=true"]],
+                         ids=["pre", "post-learned", "no-bias-gated"])
 @pytest.mark.parametrize("decoder_init", ["encoder", "random"])
 def test_the_decoder_starts_from_the_pretrained_encoder(tmp_path, layout, decoder_init):
     """What a new seq2seq run with model.init_from does (run/session.py): with decoder_init
@@ -202,7 +203,8 @@ def test_the_decoder_starts_from_the_pretrained_encoder(tmp_path, layout, decode
             assert not np.array_equal(ours, fresh[weight.path])
             copied += 1
     if decoder_init == "encoder":
-        per_block = 8 if config.model.use_bias is False else 12  # 4 projections' kernels (and biases), 2 LayerNorms
+        projections = 4 + config.model.glu  # their kernels (and biases), and 2 LayerNorms
+        per_block = projections * (1 + config.model.use_bias) + 4
         assert copied == 2 * per_block + 2 + 2 * (layout[0] == "model.norm=post")  # blocks, a norm, positions, embedding
         assert said[-1] == "decoder: its 2 blocks start from the encoder's (model.decoder_init=encoder), " \
                            "cross-attention from random"

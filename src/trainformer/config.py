@@ -49,6 +49,10 @@ class ModelConfig:
     # whether the blocks' attention and feed-forward projections add a bias (BERT's do; Cramming,
     # Geiping & Goldstein 2022, drops them: fewer element-wise passes per step)
     use_bias: bool = True
+    # whether the blocks' feed-forward is gated: activation(x W_gate) * (x W_inner) (Shazeer 2020,
+    # "GLU Variants Improve Transformer"; ModernBERT's GeGLU): three projections of dff, so 2/3
+    # of a plain one's dff keeps the parameters
+    glu: bool = False
     # A run directory whose encoder (weights and vocabulary) this run starts from; the encoder
     # keys above that a config leaves out (all but dropout) are taken from its config.yaml.
     init_from: str = ""

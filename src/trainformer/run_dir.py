@@ -33,7 +33,7 @@ RESUMABLE_CHANGES = {
 # its config leaves them out, and must match it on those it names (max_length too, for learned
 # positions). Dropout is not a shape: a fine-tune chooses its own.
 ENCODER_KEYS = ("d_model", "num_layers", "num_heads", "dff", "norm", "position", "activation", "ngram_buckets",
-                "use_bias")
+                "use_bias", "glu")
 # What decides the vocabulary: a run that changes them before its first checkpoint trains a new one.
 VOCABULARY_KEYS = ("data.corpus", "data.valid_fraction", "data.test_fraction", "tokenizer.", "model.init_from")
 PACKAGES = ("trainformer", "tensorflow", "tensorflow-text", "keras", "tokenizers", "numpy", "tensorboard", "snownlp")

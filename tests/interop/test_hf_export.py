@@ -255,8 +255,9 @@ def test_mean_pooling_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("setting, refused", [("model.ngram_buckets=64", "model.ngram_buckets 64"),
-                                              ("model.use_bias=false", "model.use_bias False")])
-def test_ngram_embeddings_and_bias_free_blocks_are_refused(tmp_path, setting, refused):
+                                              ("model.use_bias=false", "model.use_bias False"),
+                                              ("model.glu=true", "model.glu True")])
+def test_ngram_embeddings_bias_free_and_gated_blocks_are_refused(tmp_path, setting, refused):
     run_dir = config_only_run(tmp_path / "run", "zh-bert-tiny", "model.norm=post", "model.position=learned", setting)
     with pytest.raises(UserError, match=f"{refused} has no Hugging Face BERT equivalent") as caught:
         export_hf(run_dir, tmp_path / "out", say=quiet)

@@ -62,6 +62,7 @@ UNMAPPABLE = (
     ("position", "rope", "BERT adds learned position vectors; it does not rotate queries and keys (model.position learned)"),
     ("pooling", "mean", "BERT's pooler reads the [CLS] vector (model.pooling cls)"),
     ("use_bias", False, "BERT's attention and feed-forward projections add biases (model.use_bias true)"),
+    ("glu", True, "BERT's feed-forward is not gated (model.glu false)"),
 )
 SPECIAL_NAMES = dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"), SPECIAL_TOKENS))
 

@@ -87,6 +87,8 @@ class TransformerDecoderBlock(TransformerBlock):
         self._cross_output = dense(d_model, "cross_output")
         self._cross_norm = layer_norm("cross_norm")
         self._ffn_inner = dense(self.dff, "ffn_inner")  # the activation comes after: _feed_forward
+        if self.glu:
+            self._ffn_gate = dense(self.dff, "ffn_gate")
         self._ffn_output = dense(d_model, "ffn_output", inner=self.dff)
         self._ffn_norm = layer_norm("ffn_norm")
         self._attention_dropout = Dropout(self.dropout, dtype=policy)
@@ -99,6 +101,8 @@ class TransformerDecoderBlock(TransformerBlock):
         pairs = ((block._qkv, self._self_qkv), (block._attention_output, self._self_output),
                  (block._attention_norm, self._self_norm), (block._ffn_inner, self._ffn_inner),
                  (block._ffn_output, self._ffn_output), (block._ffn_norm, self._ffn_norm))
+        if self.glu:
+            pairs += ((block._ffn_gate, self._ffn_gate),)
         for theirs, ours in pairs:
             copy_weights(theirs, ours)
 
@@ -239,7 +243,7 @@ class TransformerDecoder(keras.layers.Layer):
             ties embeddings); its matrix is also the output layer. Rebuilt by the owning model,
             not serialised here.
         max_length: the longest target (decoder positions).
-        num_layers, num_heads, dff, dropout, norm, position, activation, use_bias: as the encoder's.
+        num_layers, num_heads, dff, dropout, norm, position, activation, use_bias, glu: as the encoder's.
         copy_source: True: the output mixes in copies of source tokens (SourceCopy); its
             log-probabilities stand where the logits stood.
 
@@ -251,7 +255,8 @@ class TransformerDecoder(keras.layers.Layer):
 
     def __init__(self, token_embedding: ReversibleEmbedding, max_length: int, num_layers: int, num_heads: int,
                  dff: int, dropout: float = 0.1, norm: str = "post", position: str = "sinusoidal",
-                 activation: str = "gelu_tanh", copy_source: bool = False, use_bias: bool = True, **kwargs):
+                 activation: str = "gelu_tanh", copy_source: bool = False, use_bias: bool = True, glu: bool = False,
+                 **kwargs):
         super().__init__(**kwargs)
         self.token_embedding = token_embedding
         self.max_length = max_length
@@ -264,6 +269,7 @@ class TransformerDecoder(keras.layers.Layer):
         self.activation = activation
         self.copy_source = copy_source
         self.use_bias = use_bias
+        self.glu = glu
 
     def build(self, target_ids_shape, memory_shape=None, memory_mask_shape=None, source_ids_shape=None):
         d_model = self.token_embedding.output_dim
@@ -280,7 +286,7 @@ class TransformerDecoder(keras.layers.Layer):
         self._dropout = Dropout(self.dropout, dtype=policy)
         for index in range(self.num_layers):
             block = TransformerDecoderBlock(self.num_heads, self.dff, self.dropout, self.norm, activation=self.activation,
-                                            use_bias=self.use_bias, name=f"block_{index}", dtype=policy)
+                                            use_bias=self.use_bias, glu=self.glu, name=f"block_{index}", dtype=policy)
             block.build((None, None, d_model))
             # An attribute each, not a list: TF checkpoints do not see the layers of a Keras-tracked list
             setattr(self, f"block_{index}", block)
@@ -391,4 +397,4 @@ class TransformerDecoder(keras.layers.Layer):
         return {**super().get_config(), "max_length": self.max_length, "num_layers": self.num_layers,
                 "num_heads": self.num_heads, "dff": self.dff, "dropout": self.dropout, "norm": self.norm,
                 "position": self.position, "activation": self.activation, "copy_source": self.copy_source,
-                "use_bias": self.use_bias}
+                "use_bias": self.use_bias, "glu": self.glu}

@@ -113,7 +113,7 @@ def generator_sequence(encoder: TransformerEncoder, token_ids, padding_mask, num
         x = keras.layers.LayerNormalization(epsilon=1e-12, name="generator_embeddings_norm", dtype=dtype)(x)
     for index in range(num_layers):
         block = TransformerEncoderBlock(encoder.num_heads, encoder.dff, 0.0, encoder.norm, activation=encoder.activation,
-                                        use_bias=encoder.use_bias, rotary=encoder.position == "rope",
+                                        use_bias=encoder.use_bias, glu=encoder.glu, rotary=encoder.position == "rope",
                                         name=f"generator_block_{index}", dtype=dtype)
         x = block(x, padding_mask=padding_mask)
     if encoder.norm == "pre":

@@ -49,6 +49,7 @@ class TransformerEncoder(keras.Model):
         ngram_buckets: 0, or the hash buckets of an NgramEmbedding added to the token vectors
             (the bigrams and trigrams around each token).
         use_bias: whether every block's projections add a bias (TransformerBlock).
+        glu: whether every block's feed-forward is gated (TransformerBlock).
 
     Inputs: {"token_ids": (batch, seq) int32, "padding_mask": (batch, seq) bool}.
     Output: (batch, seq, d_model) contextual vectors.
@@ -62,7 +63,7 @@ class TransformerEncoder(keras.Model):
     def __init__(self, vocab_size: int, max_length: int, d_model: int, num_layers: int,
                  num_heads: int, dff: int, dropout: float = 0.1, norm: str = "post",
                  position: str = "sinusoidal", activation: str = "gelu_tanh", ngram_buckets: int = 0,
-                 use_bias: bool = True, dtype=None, **kwargs):
+                 use_bias: bool = True, glu: bool = False, dtype=None, **kwargs):
         token_ids = keras.Input((None,), dtype="int32", name="token_ids")
         padding_mask = keras.Input((None,), dtype="bool", name="padding_mask")
         token_embedding = ReversibleEmbedding(
@@ -78,7 +79,7 @@ class TransformerEncoder(keras.Model):
         x = Dropout(dropout, name="embeddings_dropout", dtype=dtype)(x)
         for index in range(num_layers):
             block = TransformerEncoderBlock(num_heads, dff, dropout, norm, activation=activation, use_bias=use_bias,
-                                            rotary=position == "rope", name=f"block_{index}", dtype=dtype)
+                                            glu=glu, rotary=position == "rope", name=f"block_{index}", dtype=dtype)
             x = block(x, padding_mask=padding_mask)
         if norm == "pre":
             x = keras.layers.LayerNormalization(epsilon=1e-12, name="final_norm", dtype=dtype)(x)
@@ -103,6 +104,7 @@ class TransformerEncoder(keras.Model):
         self.activation = activation
         self.ngram_buckets = ngram_buckets
         self.use_bias = use_bias
+        self.glu = glu
 
     def get_config(self):
         return {
@@ -121,6 +123,7 @@ class TransformerEncoder(keras.Model):
             "activation": self.activation,
             "ngram_buckets": self.ngram_buckets,
             "use_bias": self.use_bias,
+            "glu": self.glu,
         }
 
     @classmethod

@@ -192,7 +192,8 @@ def build_encoder(config: ModelConfig, vocab_size: int, max_length: int, dtype=N
         vocab_size=vocab_size, max_length=max_length, d_model=config.d_model,
         num_layers=config.num_layers, num_heads=config.num_heads, dff=config.dff,
         dropout=config.dropout, norm=config.norm, position=config.position,
-        activation=config.activation, ngram_buckets=config.ngram_buckets, use_bias=config.use_bias, dtype=dtype,
+        activation=config.activation, ngram_buckets=config.ngram_buckets, use_bias=config.use_bias, glu=config.glu,
+        dtype=dtype,
         name="encoder",
     )
 

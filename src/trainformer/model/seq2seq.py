@@ -18,8 +18,8 @@ class Seq2Seq(EncoderModel):
     Args:
         encoder: a TransformerEncoder (its weights may come from a pretraining run: the attribute
             is `encoder`, as in MaskedLM and Classifier).
-        decoder_layers: decoder blocks; heads, dff, dropout, norm, position and activation are
-            the encoder's.
+        decoder_layers: decoder blocks; heads, dff, dropout, norm, position, activation, biases
+            and gating are the encoder's.
         target_length: the longest target (decoder positions).
         tie_embeddings: True: one embedding for source, target and output (a joint vocabulary);
             False: the decoder has its own, tied to its output layer.
@@ -45,7 +45,8 @@ class Seq2Seq(EncoderModel):
         decoder_position = "sinusoidal" if encoder.position == "rope" else encoder.position
         decoder = TransformerDecoder(embedding, target_length, decoder_layers, encoder.num_heads, encoder.dff,
                                      encoder.dropout, encoder.norm, decoder_position, encoder.activation,
-                                     copy_source, encoder.use_bias, name="decoder", dtype=encoder.dtype_policy)
+                                     copy_source, encoder.use_bias, encoder.glu, name="decoder",
+                                     dtype=encoder.dtype_policy)
         memory = encoder({"token_ids": inputs["source_ids"], "padding_mask": inputs["source_mask"]})
         logits = decoder(inputs["target_ids"], memory, inputs["source_mask"], inputs["source_ids"])
         super().__init__(inputs=inputs, outputs=logits, **kwargs)

@@ -321,7 +321,8 @@ def print_summary(say, config: ExperimentConfig, task, num_params: int, strategy
     m, t = config.model, config.train
     vocab = task.vocab_size
     say(f"model: {config.task.type}, {m.num_layers} layers, d_model {m.d_model}, {m.num_heads} heads, dff {m.dff}, "
-        f"{m.norm}-LN, {m.position} positions{'' if m.use_bias else ', no biases'}, vocab {vocab:,}: "
+        f"{m.norm}-LN, {m.position} positions{'' if m.use_bias else ', no biases'}"
+        f"{', gated feed-forward' if m.glu else ''}, vocab {vocab:,}: "
         f"{num_params:,} parameters, {t.precision}")
     if vocab != config.tokenizer.vocab_size and not m.init_from and not config.tokenizer.vocab_file:
         say(f"vocabulary: {vocab:,} tokens, not tokenizer.vocab_size={config.tokenizer.vocab_size:,} "
