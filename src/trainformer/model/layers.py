@@ -64,28 +64,18 @@ def activation_function(name: str):
     return ACTIVATIONS[name]
 
 
-def feed_forward_activation(name: str, training=None):
-    """The activation a block applies to its feed-forward's inner projection. Training on the
-    TF backend: the same function with its forward and its backward each one XLA kernel
-    (model/fused_activation.py: a fifth of the time on a CPU). Otherwise, and in every exported
-    graph (traced with training off): the plain ops, which any runtime runs."""
+def feed_forward_activation(name: str, training=None, gated: bool = False):
+    """The activation a block applies to its feed-forward's inner projection; gated (model.glu):
+    a function of (gate, value), activation(gate) * value. Training on the TF backend: the same
+    function with its forward and its backward each one XLA kernel (model/fused_activation.py:
+    a fifth of the time on a CPU). Otherwise, and in every exported graph (traced with training
+    off): the plain ops, which any runtime runs."""
     function = activation_function(name)
     if training and keras.backend.backend() == "tensorflow":
-        from trainformer.model.fused_activation import fused
+        from trainformer.model.fused_activation import fused, fused_gated
 
-        return fused(function, DERIVATIVES[name])
-    return function
-
-
-def gated_activation(name: str, training=None):
-    """A gated feed-forward's (model.glu) activation(gate) * value, fused in training on the TF
-    backend as feed_forward_activation's is."""
-    function = activation_function(name)
-    if training and keras.backend.backend() == "tensorflow":
-        from trainformer.model.fused_activation import fused_gated
-
-        return fused_gated(function, DERIVATIVES[name])
-    return lambda gate, value: function(gate) * value
+        return (fused_gated if gated else fused)(function, DERIVATIVES[name])
+    return (lambda gate, value: function(gate) * value) if gated else function
 
 
 def attention_probabilities(query, key, keep=None):
@@ -412,11 +402,9 @@ class TransformerBlock(keras.layers.Layer):
     def _feed_forward(self, x, training):
         """(batch, seq, d) -> (batch, seq, d): ffn_output(activation(ffn_inner(x))), or with glu
         ffn_output(activation(ffn_gate(x)) * ffn_inner(x))."""
+        activation = feed_forward_activation(self.activation, training, gated=self.glu)
         inner = self._ffn_inner(x)  # (batch, seq, dff)
-        if self.glu:
-            inner = gated_activation(self.activation, training)(self._ffn_gate(x), inner)
-        else:
-            inner = feed_forward_activation(self.activation, training)(inner)
+        inner = activation(self._ffn_gate(x), inner) if self.glu else activation(inner)
         return self._ffn_output(inner)
 
     def get_config(self):
