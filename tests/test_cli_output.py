@@ -170,6 +170,20 @@ def test_ctrl_c_before_the_first_checkpoint_says_the_run_starts_over(tmp_path):
     assert "resume from the last checkpoint" not in stderr and "Traceback" not in stderr
 
 
+def test_a_crash_in_native_code_prints_the_python_stack_it_happened_under(tmp_path):
+    """What a user pastes into a bug report when TensorFlow's C++ side dies: faulthandler's
+    dump, which the stderr filter (quiet.py) passes through."""
+    process = subprocess.Popen(command("train", "--run-dir", str(tmp_path / "run"), *TINY), env=ENV,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:
+        if line.startswith("corpus:"):
+            break
+    process.send_signal(signal.SIGSEGV)  # as a segfault in a kernel would raise it
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == -signal.SIGSEGV, stdout + stderr
+    assert "Fatal Python error: Segmentation fault" in stderr and "trainformer/" in stderr, stderr
+
+
 def test_an_interrupt_after_a_checkpoint_says_where_to_resume(tmp_path):
     run = RunDir(tmp_path / "run")
     run.checkpoints_dir.mkdir(parents=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib.metadata
 import json
 import os
@@ -189,6 +190,7 @@ def version() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     quiet_tensorflow(args.debug)  # before TensorFlow loads: its own log lines only with --debug
+    faulthandler.enable()  # a crash in native code (SIGSEGV, SIGABRT) prints the Python stack it happened under
     try:
         status = run(args)
         sys.stdout.flush()  # here, not at exit: a reader that has gone away is handled below
