@@ -190,7 +190,9 @@ def version() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     quiet_tensorflow(args.debug)  # before TensorFlow loads: its own log lines only with --debug
-    faulthandler.enable()  # a crash in native code (SIGSEGV, SIGABRT) prints the Python stack it happened under
+    # a crash in native code (SIGSEGV, SIGABRT) prints the Python stack it happened under; fd 2, not
+    # sys.stderr: that may be a stream without a file (main called in-process, output captured)
+    faulthandler.enable(file=2)
     try:
         status = run(args)
         sys.stdout.flush()  # here, not at exit: a reader that has gone away is handled below
