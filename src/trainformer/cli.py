@@ -12,6 +12,7 @@ from pathlib import Path
 
 from trainformer.errors import TrainingError, UserError
 from trainformer.quiet import quiet_tensorflow
+from trainformer.xla_flags import set_xla_flags
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process Ctrl-C stopped
@@ -190,6 +191,7 @@ def version() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     quiet_tensorflow(args.debug)  # before TensorFlow loads: its own log lines only with --debug
+    set_xla_flags()  # before XLA compiles anything: xla_flags.py
     # a crash in native code (SIGSEGV, SIGABRT) prints the Python stack it happened under; fd 2, not
     # sys.stderr: that may be a stream without a file (main called in-process, output captured)
     faulthandler.enable(file=2)

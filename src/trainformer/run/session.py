@@ -48,6 +48,7 @@ from trainformer.train.strategy import (
     is_multi_worker,
     make_strategy,
 )
+from trainformer.xla_flags import set_xla_flags
 
 
 def build_trainer(config: ExperimentConfig, task, strategy: tf.distribute.Strategy) -> Trainer:
@@ -71,6 +72,7 @@ def train(config: ExperimentConfig, run: RunDir, source, out=sys.stdout,
     With several workers every process runs this; only the chief writes run, which must
     be on storage all workers see (they read its vocabulary, token cache and checkpoints).
     """
+    set_xla_flags()  # a library caller's too, not only the CLI's (xla_flags.py)
     configure_devices(config.runtime)
     strategy = make_strategy(config.train.strategy)  # first: the multi-worker runtime must start before any op
     chief = is_chief(strategy)
