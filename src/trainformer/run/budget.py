@@ -20,7 +20,6 @@ are 1,611-1,641 now, as the loop's pace says (docs/measured.md).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import statistics
 import time
 
@@ -56,9 +55,7 @@ def probe_batches(global_batches: tf.data.Dataset, accumulate: int) -> tf.data.D
     PROBE_POOL in a row."""
     pool = sorted(global_batches.take(PROBE_POOL * PROBE_STEPS * accumulate), key=elements)
     chosen = pool[PROBE_POOL // 2 :: PROBE_POOL]
-    # Tensors, not a Python generator: from_generator's callback would hand these eager tensors
-    # back through a py_func on a tf.data thread (one CI run's probe died of SIGSEGV, exit -11).
-    return functools.reduce(tf.data.Dataset.concatenate, map(tf.data.Dataset.from_tensors, chosen)).repeat()
+    return tf.data.Dataset.from_generator(lambda: iter(chosen), output_signature=global_batches.element_spec).repeat()
 
 
 def elements(batch) -> int:
