@@ -4,9 +4,8 @@ TensorFlow 2.21's XLA:CPU hands some reductions to YNNPACK (fusions of kind `__y
 our jit-compiled cross-entropy, tasks/losses.py, the max and the sum over the vocabulary). A
 fused kernel builds its YNNPACK executable on first use, and two executions of one kernel at
 once race doing so: the micro-batches of an accumulated step (train.accumulate > 1) run side by
-side, and a process died of SIGSEGV in xla::cpu::EmitYnnSubgraph (gdb: docs/measured.md),
-one tiny deterministic run in ~30 here and two of four CI runs. With the fusion type list empty
-XLA emits those reductions itself. A user's own setting of the flag is left as it is; a process
+side, and a process died of SIGSEGV in xla::cpu::EmitYnnSubgraph (the gdb backtrace and how
+often: docs/measured.md). With the fusion type list empty XLA emits those reductions itself. A user's own setting of the flag is left as it is; a process
 whose XLA has already compiled something keeps the flags it read then.
 """
 
