@@ -5,8 +5,9 @@ our jit-compiled cross-entropy, tasks/losses.py, the max and the sum over the vo
 fused kernel builds its YNNPACK executable on first use, and two executions of one kernel at
 once race doing so: the micro-batches of an accumulated step (train.accumulate > 1) run side by
 side, and a process died of SIGSEGV in xla::cpu::EmitYnnSubgraph (the gdb backtrace and how
-often: docs/measured.md). With the fusion type list empty XLA emits those reductions itself. A user's own setting of the flag is left as it is; a process
-whose XLA has already compiled something keeps the flags it read then.
+often: docs/measured.md). With the fusion type list empty XLA emits those reductions itself.
+A user's own setting of the flag is left as it is; a process whose XLA has already compiled
+something keeps the flags it read then.
 """
 
 from __future__ import annotations
