@@ -27,6 +27,10 @@ from trainformer.data import whole_words
 from trainformer.data.tokenizer import Tokenizer
 from trainformer.tokens import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID
 
+# Held-out windows are cloze-masked this many at a time, whatever the batch size: a window's
+# targets then do not depend on train.batch_size (32, the recipes' batch, keeps earlier figures).
+EVAL_MASK_ROWS = 32
+
 # Which of mask_batch's tensors are model inputs and which are targets, per objective. ELECTRA's
 # model also reads the original tokens (to label replacements) and one uniform per masked
 # position (its generator's sample); its loss weighs every real token.
@@ -329,16 +333,19 @@ def distribute(strategy: tf.distribute.Strategy, global_batches: tf.data.Dataset
 def eval_batches(
     windows: np.ndarray, batch_size: int, seed: int, mask_rate: float, vocab_size: int, keys: tuple = MLM_KEYS
 ) -> list[tuple[dict, dict]]:
-    """Fixed cloze-masked batches over all valid windows: the same targets at every eval and
-    in `trainformer eval`, so numbers are comparable across a run and between runs."""
-    batches = []
-    for number, start in enumerate(range(0, len(windows), batch_size)):
-        masked = mask_batch(
-            tf.constant(windows[start : start + batch_size]),
-            tf.constant([seed, number], tf.int64), mask_rate, vocab_size, cloze=True,
-        )
-        batches.append(split_targets(masked, keys))
-    return batches
+    """Fixed cloze-masked batches over all valid windows: the same targets at every eval, in
+    `trainformer eval` and in runs of any batch size (masks are drawn EVAL_MASK_ROWS windows at a
+    time, then cut into batches), so numbers are comparable across a run and between runs."""
+    chunks = [
+        mask_batch(tf.constant(windows[start : start + EVAL_MASK_ROWS]), tf.constant([seed, number], tf.int64),
+                   mask_rate, vocab_size, cloze=True)
+        for number, start in enumerate(range(0, len(windows), EVAL_MASK_ROWS))
+    ]
+    masked = {key: tf.concat([chunk[key] for chunk in chunks], axis=0) for key in chunks[0]}  # (windows, ...)
+    return [
+        split_targets({key: value[start : start + batch_size] for key, value in masked.items()}, keys)
+        for start in range(0, len(windows), batch_size)
+    ]
 
 
 def split_targets(masked: dict, keys: tuple = MLM_KEYS) -> tuple[dict, dict]:
