@@ -341,6 +341,8 @@ def eval_batches(
                    mask_rate, vocab_size, cloze=True)
         for number, start in enumerate(range(0, len(windows), EVAL_MASK_ROWS))
     ]
+    if not chunks:  # no held-out windows (a tiny corpus): no batches
+        return []
     masked = {key: tf.concat([chunk[key] for chunk in chunks], axis=0) for key in chunks[0]}  # (windows, ...)
     return [
         split_targets({key: value[start : start + batch_size] for key, value in masked.items()}, keys)
