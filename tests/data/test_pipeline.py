@@ -421,6 +421,7 @@ def test_eval_targets_do_not_depend_on_the_batch_size(small_windows):
     for batch_size in (16, 40):
         for key, value in rows(batch_size).items():
             np.testing.assert_array_equal(value, reference[key], err_msg=key)
+    assert eval_batches(small_windows[:0], 8, 3, RATE, 8000) == []  # a split too short for one window
 
 
 def test_token_weights_mask_heavy_tokens_more_at_the_same_count(windows, tokenizer):
