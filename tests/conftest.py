@@ -1,5 +1,6 @@
 """Shared fixtures: the real People's Daily corpus, a WordPiece vocabulary trained on it, the
 in-graph tokenizer loaded from that vocabulary (~3 s), and the tiny runs several test files read:
+a masked LM on the intent set's texts that keeps two checkpoints (fine-tunes, averaging; ~10 s),
 an exported intent classifier (export, serve, eval output; ~20 s), an exported translation run
 (export, serve; ~40 s) and a headline run (seq2seq, eval output; ~35 s). Session-scoped; the
 runs are built once per session even under pytest-xdist (built_once), and are read-only: a test
@@ -126,6 +127,21 @@ def translation_export(tmp_path_factory):
 
     root = built_once(tmp_path_factory, "translation", build)
     return root / "run", root / "export", (root / "export.out").read_text()
+
+
+@pytest.fixture(scope="session")
+def intent_pretraining(tmp_path_factory):
+    """A tiny masked LM trained 20 steps on the texts of the real chatterbot intents' train
+    split, keeping ckpt-10 and ckpt-20: test_classify's fine-tunes start from it,
+    test_average averages it."""
+    from cli_helpers import INTENT_SPLIT, TINY, trainformer
+
+    def build(root):
+        stdout = trainformer("train", "--run-dir", str(root / "run"), *TINY, *INTENT_SPLIT,
+                             "--set", "train.steps=20").stdout
+        assert "chatterbot-zh-intents (" in stdout and "the texts of its train split: 695 train + 90 valid" in stdout
+
+    return built_once(tmp_path_factory, "intent-pretraining", build) / "run"
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import ENV, TINY, read_metrics, stop_after_line, trainformer
+from cli_helpers import ENV, INTENT_SPLIT, TINY, read_metrics, stop_after_line, trainformer
 
 from trainformer.config import load_config
 from trainformer.data.labelled import load_labelled
@@ -19,18 +19,7 @@ from trainformer.run.inference import load_run
 from trainformer.run_dir import RunDir, resolve_train_config
 from trainformer.train.checkpoint import Checkpoints, restore_pretrained
 
-SPLIT = ["--set", "data.corpus=chatterbot-zh-intents", "--set", "data.valid_fraction=0.1",
-         "--set", "data.test_fraction=0.1"]
-INTENTS = ["--set", "task.type=classify", *SPLIT]
-
-
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory):
-    """Masked-LM on the intent set's texts (a labelled set: its train split's texts)."""
-    run_dir = tmp_path_factory.mktemp("pre") / "run"
-    stdout = trainformer("train", "--run-dir", str(run_dir), *TINY, *SPLIT, "--set", "train.steps=10").stdout
-    assert "chatterbot-zh-intents (" in stdout and "the texts of its train split: 695 train + 90 valid" in stdout
-    return run_dir
+INTENTS = ["--set", "task.type=classify", *INTENT_SPLIT]
 
 
 # Every fine-tuning key at once (train.keep_best, train.layer_decay, model.pooling,
@@ -43,30 +32,31 @@ FINE_TUNING = ["--set", "train.keep_best=true", "--set", "train.layer_decay=0.8"
                "--set", "model.dropout=0.1", "--set", "train.precision=fp32"]
 
 
-def fine_tuning_args(pretrained) -> list[str]:
-    return [*TINY, *INTENTS, "--set", f"model.init_from={pretrained}", *FINE_TUNING]
+def fine_tuning_args(intent_pretraining) -> list[str]:
+    return [*TINY, *INTENTS, "--set", f"model.init_from={intent_pretraining}", *FINE_TUNING]
 
 
 @pytest.fixture(scope="module")
-def finetuned(pretrained, tmp_path_factory):
+def finetuned(intent_pretraining, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("intent") / "run"
-    result = trainformer("train", "--run-dir", str(run_dir), *fine_tuning_args(pretrained))
+    result = trainformer("train", "--run-dir", str(run_dir), *fine_tuning_args(intent_pretraining))
     return run_dir, result.stdout, result.stderr
 
 
-def test_bench_of_a_fine_tune_times_the_model_of_its_init_from(finetuned, pretrained, tmp_path):
-    result = trainformer("bench", "zh-intent", "--set", f"model.init_from={pretrained}", "--steps", "1",
+def test_bench_of_a_fine_tune_times_the_model_of_its_init_from(finetuned, intent_pretraining, tmp_path):
+    result = trainformer("bench", "zh-intent", "--set", f"model.init_from={intent_pretraining}", "--steps", "1",
                          "--cache-dir", str(tmp_path), "--json")
     _, model, _, _ = load_run(finetuned[0])
     assert json.loads(result.stdout.splitlines()[-1])["num_params"] == model.count_params()  # TINY's sizes
 
 
-def test_a_classifier_starts_from_the_pretraining_run(finetuned, pretrained):
+def test_a_classifier_starts_from_the_pretraining_run(finetuned, intent_pretraining):
     run_dir, stdout, stderr = finetuned
     assert stderr == ""  # the optimizer and MLM head left behind are not listed as "unrestored values"
-    assert f"from model.init_from={pretrained}" in stdout  # its vocabulary
-    assert f"encoder: from {pretrained}/checkpoints/ckpt-10" in stdout
-    assert (run_dir / "tokenizer" / "vocab.txt").read_text() == (pretrained / "tokenizer" / "vocab.txt").read_text()
+    assert f"from model.init_from={intent_pretraining}" in stdout  # its vocabulary
+    assert f"encoder: from {intent_pretraining}/checkpoints/ckpt-20" in stdout
+    vocabulary = (intent_pretraining / "tokenizer" / "vocab.txt").read_text()
+    assert (run_dir / "tokenizer" / "vocab.txt").read_text() == vocabulary
     labels = json.loads((run_dir / "labels.json").read_text())
     assert len(labels) == 17 and "greetings" in labels
     progress = [line for line in stdout.splitlines() if line.startswith("step ")]
@@ -132,30 +122,30 @@ def test_confusion_matrix_image_in_tensorboard(finetuned):
     assert "confusion_matrix" in tags and "accuracy" in tags and "macro_f1" in tags
 
 
-def test_predict_fills_masks_on_a_pretraining_run(pretrained):
-    [line] = trainformer("predict", str(pretrained), "人民[MASK]报").stdout.splitlines()
+def test_predict_fills_masks_on_a_pretraining_run(intent_pretraining):
+    [line] = trainformer("predict", str(intent_pretraining), "人民[MASK]报").stdout.splitlines()
     masks = json.loads(line)["masks"]
     assert len(masks) == 1 and len(masks[0]) == 5
     assert masks[0][0]["probability"] >= masks[0][-1]["probability"]
 
 
-def test_an_encoder_of_another_shape_is_refused_before_anything_is_written(pretrained, tmp_path):
+def test_an_encoder_of_another_shape_is_refused_before_anything_is_written(intent_pretraining, tmp_path):
     result = trainformer("train", "--run-dir", str(tmp_path / "run"), *TINY, *INTENTS, "--set", "model.d_model=64",
-                         "--set", f"model.init_from={pretrained}", check=False)
+                         "--set", f"model.init_from={intent_pretraining}", check=False)
     assert result.returncode == 2 and not (tmp_path / "run").exists()
-    assert f"model.d_model: 64 here but 32 in model.init_from={pretrained}; leave it out to take the source's" \
+    assert f"model.d_model: 64 here but 32 in model.init_from={intent_pretraining}; leave it out to take the source's" \
         in result.stderr
 
 
-def test_a_fine_tune_naming_only_init_from_takes_the_encoder_sizes_of_that_run(pretrained, tmp_path):
+def test_a_fine_tune_naming_only_init_from_takes_the_encoder_sizes_of_that_run(intent_pretraining, tmp_path):
     """No size given (the finetuned fixture gives TINY's, which agree): the run's are the
     pretraining run's, in its config.yaml, which loading the run and resuming it read."""
     run_dir = tmp_path / "run"
     stdout = trainformer("train", "--run-dir", str(run_dir), *INTENTS, "--set", "data.seq_len=32",
                          "--set", "train.batch_size=16", "--set", "train.steps=2", "--set", "train.warmup_steps=1",
-                         "--set", f"model.init_from={pretrained}").stdout
+                         "--set", f"model.init_from={intent_pretraining}").stdout
     assert "model: classify, 1 layers, d_model 32, 2 heads, dff 64, pre-LN" in stdout
-    assert f"encoder: from {pretrained}/checkpoints/ckpt-10" in stdout
+    assert f"encoder: from {intent_pretraining}/checkpoints/ckpt-20" in stdout
     m = RunDir(run_dir).load_config().model
     assert (m.d_model, m.num_layers, m.num_heads, m.dff, m.dropout) == (32, 1, 2, 64, 0.0)  # dropout: not a size
     _, classifier, _, step = load_run(run_dir)
@@ -164,12 +154,12 @@ def test_a_fine_tune_naming_only_init_from_takes_the_encoder_sizes_of_that_run(p
     run.check_resume(config)
 
 
-def test_a_start_from_a_run_that_split_the_same_set_otherwise_is_refused(pretrained, tmp_path):
+def test_a_start_from_a_run_that_split_the_same_set_otherwise_is_refused(intent_pretraining, tmp_path):
     """The pretraining run read the intent set's train texts: a classify run splitting that set
     alike starts from it (the finetuned fixture), one splitting it otherwise would score texts the
     encoder saw."""
     result = trainformer("train", "--run-dir", str(tmp_path / "other"), *TINY, *INTENTS, "--set",
-                         "data.test_fraction=0.2", "--set", f"model.init_from={pretrained}", check=False)
+                         "data.test_fraction=0.2", "--set", f"model.init_from={intent_pretraining}", check=False)
     assert result.returncode == 2 and not (tmp_path / "other").exists()
     assert result.stderr.strip().endswith("(set data.valid_fraction=0.1 data.test_fraction=0.1)")
 
@@ -191,9 +181,10 @@ def test_restore_pretrained_loads_the_encoder_and_leaves_the_head(tmp_path):
 
 # --- train.distill_from: a student of the finetuned run -------------------------------------------
 
-def test_a_student_trains_on_its_teachers_probabilities_and_resumes_from_the_cache(finetuned, pretrained, tmp_path):
+def test_a_student_trains_on_its_teachers_probabilities_and_resumes_from_the_cache(finetuned, intent_pretraining,
+                                                                                   tmp_path):
     teacher, student = finetuned[0], tmp_path / "student"
-    args = [*TINY, *INTENTS, "--set", f"model.init_from={pretrained}", "--set", f"train.distill_from={teacher}"]
+    args = [*TINY, *INTENTS, "--set", f"model.init_from={intent_pretraining}", "--set", f"train.distill_from={teacher}"]
     stdout = trainformer("train", "--run-dir", str(student), *args, "--set", "train.steps=10").stdout
     best = json.loads((teacher / "checkpoints" / "best.json").read_text())["step"]
     assert f"teacher: {teacher} (step {best}) agrees with " in stdout and "% of the 695 training labels" in stdout
@@ -211,10 +202,11 @@ def test_a_student_trains_on_its_teachers_probabilities_and_resumes_from_the_cac
     assert "teacher:" not in resumed and "the loss reads the teachers' probabilities" in resumed
 
 
-def test_a_teacher_of_other_data_or_another_task_is_refused_before_anything_is_written(finetuned, pretrained,
+def test_a_teacher_of_other_data_or_another_task_is_refused_before_anything_is_written(finetuned, intent_pretraining,
                                                                                       tmp_path):
     """A teacher fine-tuned on another split may have trained on this run's valid and test texts."""
-    refusals = {str(pretrained): f"train.distill_from: {pretrained} is a mlm run; a teacher is a classify run",
+    refusals = {str(intent_pretraining): f"train.distill_from: {intent_pretraining} is a mlm run; a teacher is a "
+                                         f"classify run",
                 str(tmp_path): f"train.distill_from: {tmp_path}: not a run with a checkpoint"}
     for teacher, said in refusals.items():
         result = trainformer("train", "--run-dir", str(tmp_path / "student"), *TINY, *INTENTS,
@@ -229,11 +221,11 @@ def test_a_teacher_of_other_data_or_another_task_is_refused_before_anything_is_w
 # --- the fine-tuning keys: train.keep_best, train.layer_decay, model.pooling ---------------------
 
 @pytest.fixture(scope="module")
-def kept_best(pretrained, tmp_path_factory):
+def kept_best(intent_pretraining, tmp_path_factory):
     """A 40-step fine-tune with all three keys, evaluated every 10 steps, stopped by SIGTERM once
     its first eval was kept as the best, then resumed: (run_dir, stdout of each segment)."""
     run_dir = tmp_path_factory.mktemp("kept_best") / "run"
-    first = stop_after_line("new best valid accuracy", "--run-dir", str(run_dir), *fine_tuning_args(pretrained))
+    first = stop_after_line("new best valid accuracy", "--run-dir", str(run_dir), *fine_tuning_args(intent_pretraining))
     resumed = trainformer("train", "--run-dir", str(run_dir)).stdout
     return run_dir, first, resumed
 

@@ -80,6 +80,18 @@ def test_a_run_with_a_checkpoint_refuses_another_experiment_and_says_how_to_resu
     run.check_resume(load_config(None, ["model.d_model=64", "train.steps=9000"]))  # extending is fine
 
 
+def test_a_run_from_before_a_config_key_existed_resumes_with_that_keys_default(tmp_path):
+    """Its config.yaml lacks the key (here model.glu, added after the 34th pass' runs): the run
+    trained with what the default does."""
+    run = make_run(tmp_path / "run", load_config(None, ["model.d_model=64"]))
+    older = yaml.safe_load(run.config_file.read_text())
+    del older["model"]["glu"]
+    run.config_file.write_text(yaml.safe_dump(older))
+    run.check_resume(load_config(None, ["model.d_model=64"]))
+    with pytest.raises(UserError, match="model.glu was False in this run, now True"):
+        run.check_resume(load_config(None, ["model.d_model=64", "model.glu=true"]))
+
+
 def test_a_run_without_a_checkpoint_is_replaced_by_a_new_config(tmp_path):
     """A failed first attempt (bad corpus, batch too large...) must not block the fixed command."""
     run = make_run(tmp_path / "run", load_config(None, ["train.batch_size=100000"]), checkpoint=False)

@@ -35,8 +35,8 @@ def parser() -> argparse.ArgumentParser:
     def verb(name: str, **kwargs) -> argparse.ArgumentParser:
         return verbs.add_parser(name, parents=[debug], **kwargs)
 
-    for add_verb in (add_train, add_eval, add_predict, add_export, add_import, add_bench, add_launch, add_doctor,
-                     add_diff, add_serve, add_data):
+    for add_verb in (add_train, add_eval, add_predict, add_export, add_import, add_average, add_bench, add_launch,
+                     add_doctor, add_diff, add_serve, add_data):
         add_verb(verb)
     return top
 
@@ -103,6 +103,16 @@ def add_import(verb) -> None:
                                                           "model.safetensors, vocab.txt)")
     importer.add_argument("hf_dir", type=Path, metavar="HF_DIR")
     importer.add_argument("--run-dir", type=Path, required=True, help="the run directory to write (new or empty)")
+
+
+def add_average(verb) -> None:
+    average = verb("average", help="write a new run whose weights are the mean of a run's last checkpoints "
+                                   "(latest weight averaging), to evaluate or to start fine-tunes from")
+    average.add_argument("run_dir", type=Path, help="a run directory written by train")
+    average.add_argument("--last", type=int, required=True, metavar="K",
+                         help="how many of its newest checkpoints to average (a run keeps train.keep_checkpoints, "
+                              "train.checkpoint_every steps apart)")
+    average.add_argument("--run-dir", dest="target", type=Path, required=True, help="the new run directory")
 
 
 def add_bench(verb) -> None:
@@ -384,6 +394,14 @@ def run_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_average(args: argparse.Namespace) -> int:
+    check_run_dir(args.run_dir)
+    from trainformer.run.average import average_run
+
+    average_run(args.run_dir, args.target, args.last)
+    return 0
+
+
 def run_eval(args: argparse.Namespace) -> int:
     check_run_dir(args.run_dir, overrides=args.overrides)
     from trainformer.run.inference import evaluate, format_metrics
@@ -395,7 +413,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 VERBS = {"train": run_train, "eval": run_eval, "predict": run_predict, "export": run_export, "import": run_import,
-         "bench": run_bench, "launch": run_launch, "doctor": run_doctor, "diff": run_diff, "serve": run_serve,
+         "average": run_average, "bench": run_bench, "launch": run_launch, "doctor": run_doctor, "diff": run_diff, "serve": run_serve,
          "data": run_data}
 
 

@@ -84,8 +84,10 @@ class RunDir:
         """A run with a checkpoint resumes only with its own config, bar RESUMABLE_CHANGES."""
         if not self.has_checkpoint() or not self.config_file.is_file():
             return
-        if self.read_manifest().get("imported_from"):
-            raise UserError(f"{self.root}: an imported checkpoint, not a training run; start a run from it: "
+        manifest = self.read_manifest()
+        if manifest.get("imported_from") or manifest.get("averaged"):
+            what = "an imported checkpoint" if manifest.get("imported_from") else "an average of checkpoints"
+            raise UserError(f"{self.root}: {what}, not a training run; start a run from it: "
                             f"trainformer train CONFIG --set model.init_from={self.root}")
         for key, (old, new) in self.differences(config).items():
             if key not in RESUMABLE_CHANGES:
@@ -153,8 +155,10 @@ class RunDir:
         check_decoder_init(config, source.root)
 
     def differences(self, config: ExperimentConfig) -> dict[str, tuple]:
-        previous = yaml.safe_load(self.config_file.read_text(encoding="utf-8"))
-        return _differences(previous, config.to_dict())
+        """config's keys that differ from this run's. A key added to trainformer after the run
+        was written counts as its default, the behaviour the run trained with: without that, no
+        run from before a new key could resume."""
+        return _differences(self.load_config().to_dict(), config.to_dict())
 
     @contextlib.contextmanager
     def lock(self):
