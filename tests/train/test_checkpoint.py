@@ -59,6 +59,16 @@ def saved(tmp_path):
     return tmp_path
 
 
+def test_a_state_file_without_timestamps_resumes_its_latest_checkpoint(saved):
+    """tf.compat.v1.train.update_checkpoint_state (a script that copies a run) writes no
+    timestamps; CheckpointManager then lists no checkpoints, and the run would have started over."""
+    paths = [str(saved / "ckpt-10"), str(saved / "ckpt-20")]
+    tf.compat.v1.train.update_checkpoint_state(str(saved), paths[-1], paths)
+    assert "timestamp" not in (saved / "checkpoint").read_text()
+    step = tf.Variable(0, dtype=tf.int64)
+    assert by_accuracy(saved, step).restore_latest() == str(saved / "ckpt-20") and int(step.numpy()) == 20
+
+
 def test_a_keep_best_run_loads_its_best_checkpoint_by_default(saved):
     path, said = choose_checkpoint(saved, None, keep_best=True)
     assert path.endswith("best/best-10") and said == "best (step 10, valid accuracy 0.7500)"

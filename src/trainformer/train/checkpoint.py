@@ -61,8 +61,13 @@ class Checkpoints:
         A checkpoint whose files were truncated or damaged (a disk filled up, a copy was cut
         short) is skipped with a warning and the one before it is used. If checkpoints exist
         but none loads, the run stops instead of starting over, which would rotate them away.
+
+        The list comes from the state file itself, not CheckpointManager.checkpoints: a state
+        file without timestamps (tf.compat.v1.train.update_checkpoint_state writes none, e.g. in
+        a script that copies a run) leaves the manager's list empty, and the run would start over.
         """
-        paths = list(reversed(self.latest.checkpoints))
+        state = tf.train.get_checkpoint_state(self.latest.directory)
+        paths = list(reversed(state.all_model_checkpoint_paths)) if state else []
         for path in paths:
             try:
                 self.checkpoint.restore(path).assert_existing_objects_matched()
