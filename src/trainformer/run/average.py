@@ -68,7 +68,7 @@ def checkpoints_to_average(run: RunDir, last: int) -> list[str]:
 
 def mean_weights(model, paths: list[str]) -> list[np.ndarray]:
     """Each of model's weights averaged over the checkpoints at paths (float ones; the others as
-    the last path holds them). Sums in float64: the mean does not depend on the order."""
+    the last path holds them). Sums in float64: no float32 rounding builds up over K checkpoints."""
     sums = [0.0] * len(model.weights)
     for path in paths:
         restore_model(model, path)
