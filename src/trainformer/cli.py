@@ -413,8 +413,8 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 VERBS = {"train": run_train, "eval": run_eval, "predict": run_predict, "export": run_export, "import": run_import,
-         "average": run_average, "bench": run_bench, "launch": run_launch, "doctor": run_doctor, "diff": run_diff, "serve": run_serve,
-         "data": run_data}
+         "average": run_average, "bench": run_bench, "launch": run_launch, "doctor": run_doctor, "diff": run_diff,
+         "serve": run_serve, "data": run_data}
 
 
 def say_on_stderr(text: str) -> None:
