@@ -112,7 +112,8 @@ def add_average(verb) -> None:
     average.add_argument("--last", type=int, required=True, metavar="K",
                          help="how many of its newest checkpoints to average (a run keeps train.keep_checkpoints, "
                               "train.checkpoint_every steps apart)")
-    average.add_argument("--run-dir", dest="target", type=Path, required=True, help="the new run directory")
+    average.add_argument("--run-dir", dest="target", type=Path, required=True, metavar="NEW_DIR",
+                         help="the new run directory (must not exist)")
 
 
 def add_bench(verb) -> None:
