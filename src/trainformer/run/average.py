@@ -18,7 +18,7 @@ import tensorflow as tf
 from trainformer.errors import UserError
 from trainformer.run.inference import load_run
 from trainformer.run_dir import RunDir
-from trainformer.train.checkpoint import Checkpoints, checkpoint_step, restore_model
+from trainformer.train.checkpoint import Checkpoints, checkpoint_step, kept_checkpoints, restore_model
 
 # What the new run takes from the one it averages: what eval and init_from read besides the
 # checkpoint (the config, vocabulary, data cache, a classifier's labels). Its history (metrics,
@@ -55,15 +55,14 @@ def average_run(source: Path, target: Path, last: int, say=print) -> dict:
 
 def checkpoints_to_average(run: RunDir, last: int) -> list[str]:
     """The paths of a run's last `last` checkpoints, oldest first; a UserError when it keeps fewer."""
-    run.require_checkpoint()
     if last < 2:
         raise UserError(f"--last {last}: average at least 2 checkpoints")
-    kept = list(tf.train.get_checkpoint_state(str(run.checkpoints_dir)).all_model_checkpoint_paths)
+    kept = kept_checkpoints(run.checkpoints_dir)
     if len(kept) < last:
         names = ", ".join(os.path.basename(path) for path in kept)
         raise UserError(f"--last {last}: {run.root} keeps {len(kept)} checkpoints ({names}); train with "
                         f"train.keep_checkpoints={last} (and train.checkpoint_every for their spacing)")
-    return [str(run.checkpoints_dir / os.path.basename(path)) for path in kept[-last:]]
+    return kept[-last:]
 
 
 def mean_weights(model, paths: list[str]) -> list[np.ndarray]:

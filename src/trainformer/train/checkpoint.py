@@ -61,13 +61,8 @@ class Checkpoints:
         A checkpoint whose files were truncated or damaged (a disk filled up, a copy was cut
         short) is skipped with a warning and the one before it is used. If checkpoints exist
         but none loads, the run stops instead of starting over, which would rotate them away.
-
-        The list comes from the state file itself, not CheckpointManager.checkpoints: a state
-        file without timestamps (tf.compat.v1.train.update_checkpoint_state writes none, e.g. in
-        a script that copies a run) leaves the manager's list empty, and the run would start over.
         """
-        state = tf.train.get_checkpoint_state(self.latest.directory)
-        paths = list(reversed(state.all_model_checkpoint_paths)) if state else []
+        paths = list(reversed(kept_checkpoints(self.latest.directory)))
         for path in paths:
             try:
                 self.checkpoint.restore(path).assert_existing_objects_matched()
@@ -116,6 +111,15 @@ def read_best_record(folder: Path) -> dict | None:
     if "metric" not in record:
         record.update(metric="loss", value=record["valid_loss"])
     return record
+
+
+def kept_checkpoints(folder) -> list[str]:
+    """The paths of a run's latest checkpoints, oldest first, as its state file lists them. Not
+    CheckpointManager.checkpoints: a state file without timestamps
+    (tf.compat.v1.train.update_checkpoint_state writes none, e.g. in a script that copies a run)
+    leaves the manager's list empty, and a resume would start over."""
+    state = tf.train.get_checkpoint_state(str(folder))
+    return list(state.all_model_checkpoint_paths) if state else []
 
 
 def checkpoint_step(path: str) -> int:
