@@ -78,6 +78,10 @@ class DataConfig:
     valid_fraction: float = 0.05
     test_fraction: float = 0.0  # a labelled set's share held out for the final test score (never trained on)
     mask_rate: float = 0.15
+    # mlm, electra: training's masking rate falls linearly from mask_rate + mask_spread at the
+    # first step to mask_rate - mask_spread at the last (Ankner et al. 2024); held-out cloze masks
+    # mask_rate, so its figures compare; 0: mask_rate throughout
+    mask_spread: float = 0.0
     mask_span: int = 1  # mlm, electra: training masks runs of this many tokens (held-out cloze: single ones)
     # mlm, electra: the last long_fraction of the steps read windows of long_seq_len tokens, fewer
     # per batch so a step keeps its tokens (BERT: 90% of its steps at 128, then 512): short windows
@@ -422,8 +426,22 @@ def validate(config: ExperimentConfig, origin: str) -> None:
                           f"{config.task.type} run reads whole texts (leave it false)")
     _validate_whole_words(config, origin)
     _validate_packing(config, origin)
+    _validate_mask_spread(config, origin)
     if tok.vocab_size < 100:
         raise ConfigError(f"{origin}: tokenizer.vocab_size: must be >= 100, got {tok.vocab_size}")
+
+
+def _validate_mask_spread(config: ExperimentConfig, origin: str) -> None:
+    d = config.data
+    if not d.mask_spread:
+        return
+    if config.task.type not in ("mlm", "electra"):
+        raise ConfigError(f"{origin}: data.mask_spread: schedules a masked-LM run's masking rate; a "
+                          f"{config.task.type} run masks none (leave it at 0)")
+    if not 0 < d.mask_spread < d.mask_rate or d.mask_rate + d.mask_spread >= 1:
+        raise ConfigError(f"{origin}: data.mask_spread: the rate falls from data.mask_rate + spread to data.mask_rate "
+                          f"- spread, both in (0, 1); with data.mask_rate={d.mask_rate} the spread must be in "
+                          f"(0, {min(d.mask_rate, 1 - d.mask_rate):g}), got {d.mask_spread}")
 
 
 def _validate_whole_words(config: ExperimentConfig, origin: str) -> None:

@@ -147,15 +147,27 @@ def max_predictions(seq_len: int, mask_rate: float) -> int:
     return math.ceil(seq_len * mask_rate)
 
 
+def mask_rate_at(batch_number: tf.Tensor, mask_rate: float, spread: float, total_batches: int) -> tf.Tensor:
+    """The masking rate of training batch `batch_number` (a scalar tensor): mask_rate + spread at
+    the first batch, falling linearly to mask_rate - spread at batch total_batches - 1 and staying
+    there (Ankner et al. 2024, "Dynamic Masking Rate Schedules for MLM Pretraining": a falling rate
+    trains on both regimes, the high rate's many targets early and the low rate's context late)."""
+    progress = tf.minimum(tf.cast(batch_number, tf.float32) / max(total_batches - 1, 1), 1.0)
+    return mask_rate + spread * (1.0 - 2.0 * progress)
+
+
 def mask_batch(
-    token_ids: tf.Tensor, seed: tf.Tensor, mask_rate: float, vocab_size: int, cloze: bool = False, span: int = 1,
-    token_weights: tf.Tensor | None = None, word_starts: tf.Tensor | None = None,
+    token_ids: tf.Tensor, seed: tf.Tensor, mask_rate: float | tf.Tensor, vocab_size: int, cloze: bool = False,
+    span: int = 1, token_weights: tf.Tensor | None = None, word_starts: tf.Tensor | None = None,
+    predictions: int | None = None,
 ) -> dict[str, tf.Tensor]:
     """Choose round(mask_rate * n) of the n non-special tokens of each window and corrupt them.
 
     Args:
         token_ids: (batch, seq) int32 windows.
         seed: (2,) int stateless seed.
+        mask_rate: a float, or a scalar float32 tensor (a scheduled rate: mask_rate_at) with
+            `predictions` set.
         cloze: replace every chosen token by [MASK] (evaluation). Otherwise BERT's 80% [MASK],
             10% random token, 10% unchanged (training).
         span: choose runs of `span` neighbouring tokens (overlapping runs merge into longer ones),
@@ -168,6 +180,8 @@ def mask_batch(
             the chosen tokens come in whole words, every word as likely as any other (the
             round(mask_rate * n) budget may end inside the last word chosen); not with span or
             token_weights. None: single tokens.
+        predictions: P, the masked positions per window: max_predictions(seq, the highest rate
+            the batch may have); None: max_predictions(seq, mask_rate), mask_rate a float.
 
     Returns model inputs and targets: token_ids (batch, seq), padding_mask (batch, seq) bool,
     masked_positions / masked_ids (batch, P) int32, masked_weights (batch, P) float32 and
@@ -176,7 +190,7 @@ def mask_batch(
     if word_starts is not None and (span > 1 or token_weights is not None):
         raise ValueError("whole-word masking chooses words by one draw each: not with span or token_weights")
     batch, seq_len = tf.shape(token_ids)[0], token_ids.shape[1]
-    num_predictions = max_predictions(seq_len, mask_rate)
+    num_predictions = predictions or max_predictions(seq_len, mask_rate)
     seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), num=4)
     candidate = token_ids >= NUM_SPECIAL  # (batch, seq)
     num_masked = tf.math.round(tf.reduce_sum(tf.cast(candidate, tf.float32), axis=1) * mask_rate)
@@ -226,12 +240,13 @@ def mask_batch(
 def train_dataset(
     windows: np.ndarray, batch_size: int, seed: int, mask_rate: float, vocab_size: int, start_batch: int = 0,
     keys: tuple = MLM_KEYS, mask_span: int = 1, token_weights: np.ndarray | None = None, shifted: bool = False,
-    word_starts: np.ndarray | None = None,
+    word_starts: np.ndarray | None = None, mask_spread: float = 0.0, total_batches: int = 1,
 ) -> tf.data.Dataset:
     """An endless stream of masked batches; a new window order and new masks every epoch
     (token_weights: see mask_batch). shifted: each epoch also cuts the stream at new window
     boundaries (see shifted_windows). word_starts: (num_windows, seq) bool, pack_word_starts'
-    for these windows: whole words are masked (not with shifted).
+    for these windows: whole words are masked (not with shifted). mask_spread > 0: the rate falls
+    from mask_rate + mask_spread to mask_rate - mask_spread over total_batches (mask_rate_at).
 
     Batch n is a pure function of (windows, seed, n), so a resumed run starts the stream at
     `start_batch` and sees exactly the batches an uninterrupted run would have: no iterator
@@ -257,10 +272,15 @@ def train_dataset(
         numbers = tf.range(offset, batches_per_epoch, dtype=tf.int64)
         return tf.data.Dataset.from_tensor_slices((tf.gather(order, numbers), numbers))
 
+    predictions = max_predictions(windows.shape[1], mask_rate + mask_spread)
+
     def masked(ids: tf.Tensor, number: tf.Tensor, index: tf.Tensor):
-        mask_seed = tf.stack([tf.constant(seed + 1, tf.int64), index * batches_per_epoch + number])
-        masked = mask_batch(window_rows(ids, index), mask_seed, mask_rate, vocab_size, span=mask_span,
-                            token_weights=weights, word_starts=None if starts is None else tf.gather(starts, ids))
+        batch_number = index * batches_per_epoch + number
+        mask_seed = tf.stack([tf.constant(seed + 1, tf.int64), batch_number])
+        rate = mask_rate_at(batch_number, mask_rate, mask_spread, total_batches) if mask_spread else mask_rate
+        masked = mask_batch(window_rows(ids, index), mask_seed, rate, vocab_size, span=mask_span,
+                            token_weights=weights, word_starts=None if starts is None else tf.gather(starts, ids),
+                            predictions=predictions)
         return split_targets(masked, keys)
 
     return (

@@ -92,8 +92,9 @@ def synthetic_dataset(vocab_size: int, config: ExperimentConfig) -> tf.data.Data
     def masked(number):
         ids = tf.random.stateless_uniform([batch, seq_len], tf.stack([tf.constant(seed, tf.int64), number]),
                                           minval=NUM_SPECIAL, maxval=vocab_size, dtype=tf.int32)
+        # at the highest rate a schedule reaches: the masked positions training's batches are sized for
         return split_targets(mask_batch(ids, tf.stack([tf.constant(seed + 1, tf.int64), number]),
-                                        config.data.mask_rate, vocab_size))
+                                        config.data.mask_rate + config.data.mask_spread, vocab_size))
 
     return tf.data.Dataset.range(SYNTHETIC_BATCHES).map(masked).cache().repeat().prefetch(2)
 
@@ -180,7 +181,8 @@ def summarize(config: ExperimentConfig, vocab_size: int, num_params: int, timing
     batch, steps = config.train.batch_size * config.train.accumulate, len(step_s)
     real, padded = timing["tokens"]
     seq_len = padded / (steps * batch)  # data.seq_len, or the mean padded length of length-bucketed batches
-    head_share = config.data.mask_rate if config.task.type == "mlm" else 0.0  # a classifier head is negligible
+    # the head scores every masked position a batch is sized for; a classifier head is negligible
+    head_share = config.data.mask_rate + config.data.mask_spread if config.task.type == "mlm" else 0.0
     flops = train_flops_per_step(config.model, vocab_size, batch, round(seq_len), head_share)
     peak = peaks.get(config.train.precision) or peaks["fp32"]
     return {

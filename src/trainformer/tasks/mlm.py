@@ -147,13 +147,13 @@ class MaskedLMTask:
     def train_batches(self, start_batch: int) -> tf.data.Dataset:
         """Batches of data.seq_len windows, then of data.long_seq_len windows from the first long
         batch on (numbered after the short ones: batch n stays a pure function of (seed, n))."""
-        t, mask_rate = self.config.train, self.config.data.mask_rate
+        t, d = self.config.train, self.config.data
 
         def stream(windows: np.ndarray, batch_size: int, start: int) -> tf.data.Dataset:  # windows: (n, tokens)
             starts = None if self.word_starts is None else pack_word_starts(self.word_starts, windows.shape[1])
-            return train_dataset(windows, batch_size, t.seed, mask_rate, self.vocab_size, start, self.batch_keys,
-                                 self.config.data.mask_span, self.token_weights, self.config.data.shift_windows,
-                                 starts)
+            return train_dataset(windows, batch_size, t.seed, d.mask_rate, self.vocab_size, start, self.batch_keys,
+                                 d.mask_span, self.token_weights, d.shift_windows, starts, d.mask_spread,
+                                 total_batches=t.steps * t.accumulate)
 
         short = stream(self.windows["train"], t.batch_size, start_batch)
         long = long_windows(self.config)
