@@ -228,6 +228,11 @@ def test_fine_tuning_keys_are_checked(overrides, message):
     (["data.long_seq_len=256", "data.long_fraction=1"], "data.long_fraction: must be in (0, 1)"),
     (["data.long_seq_len=256", "model.max_length=128"], "model.max_length: 128 positions cannot hold "
                                                        "data.long_seq_len=256"),
+    (["task.type=classify", "data.mask_spread=0.05"], "data.mask_spread: schedules a masked-LM run's masking rate"),
+    (["data.mask_rate=0.15", "data.mask_spread=0.2"], "data.mask_spread: the rate falls from data.mask_rate + "
+                                                      "spread to data.mask_rate - spread, both in (0, 1); with "
+                                                      "data.mask_rate=0.15 the spread must be in (0, 0.15), got 0.2"),
+    (["data.mask_rate=0.15", "data.mask_spread=-0.1"], "data.mask_spread: the rate falls"),
 ])
 def test_pretraining_window_and_mask_keys_are_checked(overrides, message):
     assert message in error_of(None, overrides)

@@ -330,27 +330,30 @@ def test_start_batch_resumes_the_same_stream(small_windows, reference, start):
         assert same_batch(batch, reference[start + offset]), f"batch {start + offset}"
 
 
-def test_mask_spread_falls_from_high_to_low_rate_and_resumes(small_windows):
-    """data.mask_spread: batch 0 masks mask_rate + spread of each window's tokens, the last
-    batch mask_rate - spread, linearly between (a new epoch does not restart it); positions are
+def test_mask_spread_falls_from_high_to_low_rate_and_resumes(stream):
+    """data.mask_spread: a run's batch 0 masks mask_rate + spread of each window's tokens, its
+    last batch (train.steps) mask_rate - spread, linearly between, across epochs; positions are
     sized for the highest rate, and a resumed stream masks as the uninterrupted one."""
-    total, rate, spread = 2 * PER_EPOCH, 0.3, 0.1
-    batches = [({k: v.numpy() for k, v in inputs.items()}, {k: v.numpy() for k, v in targets.items()})
-               for inputs, targets in train_dataset(small_windows, BATCH, 5, rate, 8000, mask_spread=spread,
-                                                    total_batches=total).take(total)]
-    shares = []
-    for n, (inputs, targets) in enumerate(batches):
+    total, rate, spread = 24, 0.3, 0.1
+    config = load_config(None, ["data.seq_len=32", f"data.mask_rate={rate}", f"data.mask_spread={spread}",
+                                f"train.steps={total}", f"train.batch_size={BATCH}"])
+    task = MaskedLMTask(config)
+    task.vocab_size = 8000
+    task._use_streams({"train": stream[:3_200], "valid": stream[:2_000]})  # ~100 windows: 12 batches an epoch
+
+    def batches(start: int) -> list:
+        return [({k: v.numpy() for k, v in inputs.items()}, {k: v.numpy() for k, v in targets.items()})
+                for inputs, targets in task.train_batches(start).take(total - start)]
+
+    uninterrupted, shares = batches(0), []
+    for n, (inputs, targets) in enumerate(uninterrupted):
         assert inputs["masked_positions"].shape[1] == max_predictions(32, rate + spread)
         scheduled = rate + spread * (1 - 2 * n / (total - 1))
         candidates = np.sum(unmask((inputs, targets)) >= NUM_SPECIAL, axis=1)
         np.testing.assert_array_equal(targets["masked_weights"].sum(axis=1), np.round(candidates * scheduled))
         shares.append(targets["masked_weights"].sum() / candidates.sum())
     assert shares[0] == pytest.approx(0.4, abs=0.02) and shares[-1] == pytest.approx(0.2, abs=0.02)
-    resumed = train_dataset(small_windows, BATCH, 5, rate, 8000, start_batch=PER_EPOCH + 3, mask_spread=spread,
-                            total_batches=total)
-    inputs, targets = next(iter(resumed))
-    np.testing.assert_array_equal(inputs["token_ids"], batches[PER_EPOCH + 3][0]["token_ids"])
-    np.testing.assert_array_equal(targets["masked_weights"], batches[PER_EPOCH + 3][1]["masked_weights"])
+    assert all(same_batch(a, b) for a, b in zip(batches(15), uninterrupted[15:]))
 
 
 def test_shifted_windows_cut_the_stream_anew_each_epoch(small_windows):
