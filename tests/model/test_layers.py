@@ -8,6 +8,7 @@ import tensorflow as tf
 from trainformer.model.layers import (
     ACTIVATIONS,
     Dropout,
+    LayerNorm,
     LearnedPositionalEmbedding,
     NgramEmbedding,
     PositionalEncoding,
@@ -456,6 +457,35 @@ def test_block_trains_with_the_fused_activation_and_infers_with_the_plain_one():
 
     def xla_calls(training):  # the ops of the block's graph that XLA must compile
         graph = tf.function(lambda t: block(t, training=training)).get_concrete_function(x).graph
+        return [op for op in graph.get_operations() if op.node_def.attr["_XlaMustCompile"].b]
+
+    assert xla_calls(True) and not xla_calls(False)  # an export traces training off: no XLA there
+
+
+@pytest.mark.parametrize("dtype, tolerance", [("float32", 2e-5), ("mixed_bfloat16", 2e-2)])
+def test_layer_norm_trains_fused_with_keras_values_and_gradients(dtype, tolerance):
+    """LayerNorm's training path (one XLA kernel each way, a hand-written gradient) against Keras'
+    own ops (its inference path): the output and the gradients of x, gamma and beta."""
+    norm = LayerNorm(epsilon=1e-6, dtype=dtype)
+    x = tf.constant(random(3, 7, 32) * 3 + 1)  # off-centre, not unit scale: every term of the gradient counts
+    norm.build(x.shape)
+    norm.gamma.assign(random(32) + 1)
+    norm.beta.assign(random(32))
+    upstream = random(3, 7, 32)
+
+    def run(training):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = norm(x, training=training)
+            total = tf.reduce_sum(tf.cast(y, tf.float32) * upstream)
+        return [np.asarray(tf.cast(t, tf.float32)) for t in (y, *tape.gradient(total, [x, norm.gamma, norm.beta]))]
+
+    for fused, keras_ops in zip(run(True), run(False)):
+        np.testing.assert_allclose(fused, keras_ops, rtol=tolerance, atol=tolerance * np.abs(keras_ops).max())
+    assert norm(x, training=True).dtype == norm.compute_dtype
+
+    def xla_calls(training):
+        graph = tf.function(lambda t: norm(t, training=training)).get_concrete_function(x).graph
         return [op for op in graph.get_operations() if op.node_def.attr["_XlaMustCompile"].b]
 
     assert xla_calls(True) and not xla_calls(False)  # an export traces training off: no XLA there

@@ -18,6 +18,7 @@ from keras import ops
 from trainformer.model.layers import (
     PACKAGE,
     Dropout,
+    LayerNorm,
     LearnedPositionalEmbedding,
     PositionalEncoding,
     ReversibleEmbedding,
@@ -77,7 +78,7 @@ class TransformerDecoderBlock(TransformerBlock):
                                                dtype=policy), inner)
 
         def layer_norm(name):
-            return sublayer(keras.layers.LayerNormalization(epsilon=self.epsilon, name=name, dtype=policy))
+            return sublayer(LayerNorm(epsilon=self.epsilon, name=name, dtype=policy))
 
         self._self_qkv = dense(3 * d_model, "self_qkv")
         self._self_output = dense(d_model, "self_output")
@@ -281,7 +282,7 @@ class TransformerDecoder(keras.layers.Layer):
         self._positions.build((None, None, d_model))
         self._embedding_norm = None
         if self.norm == "post":
-            self._embedding_norm = keras.layers.LayerNormalization(epsilon=1e-12, name="embeddings_norm", dtype=policy)
+            self._embedding_norm = LayerNorm(epsilon=1e-12, name="embeddings_norm", dtype=policy)
             self._embedding_norm.build((None, None, d_model))
         self._dropout = Dropout(self.dropout, dtype=policy)
         for index in range(self.num_layers):
@@ -292,7 +293,7 @@ class TransformerDecoder(keras.layers.Layer):
             setattr(self, f"block_{index}", block)
         self._final_norm = None
         if self.norm == "pre":
-            self._final_norm = keras.layers.LayerNormalization(epsilon=1e-12, name="final_norm", dtype=policy)
+            self._final_norm = LayerNorm(epsilon=1e-12, name="final_norm", dtype=policy)
             self._final_norm.build((None, None, d_model))
         self.output_bias = self.add_weight(name="output_bias", shape=(self.token_embedding.input_dim,),
                                            initializer="zeros")

@@ -22,6 +22,7 @@ from trainformer.model.encoder import EncoderModel, TransformerEncoder, add_posi
 from trainformer.model.heads import MaskedLMHead
 from trainformer.model.layers import (
     PACKAGE,
+    LayerNorm,
     TransformerEncoderBlock,
     activation_function,
 )
@@ -110,14 +111,14 @@ def generator_sequence(encoder: TransformerEncoder, token_ids, padding_mask, num
     x = encoder.token_embedding(token_ids)  # (batch, seq, d): shared with the discriminator
     x = add_positions(x, encoder.position, encoder.max_length, encoder.d_model, dtype, prefix="generator_")
     if encoder.norm == "post":
-        x = keras.layers.LayerNormalization(epsilon=1e-12, name="generator_embeddings_norm", dtype=dtype)(x)
+        x = LayerNorm(epsilon=1e-12, name="generator_embeddings_norm", dtype=dtype)(x)
     for index in range(num_layers):
         block = TransformerEncoderBlock(encoder.num_heads, encoder.dff, 0.0, encoder.norm, activation=encoder.activation,
                                         use_bias=encoder.use_bias, glu=encoder.glu, rotary=encoder.position == "rope",
                                         name=f"generator_block_{index}", dtype=dtype)
         x = block(x, padding_mask=padding_mask)
     if encoder.norm == "pre":
-        x = keras.layers.LayerNormalization(epsilon=1e-12, name="generator_final_norm", dtype=dtype)(x)
+        x = LayerNorm(epsilon=1e-12, name="generator_final_norm", dtype=dtype)(x)
     return x
 
 

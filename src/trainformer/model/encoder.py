@@ -9,6 +9,7 @@ import keras
 from trainformer.model.layers import (
     PACKAGE,
     Dropout,
+    LayerNorm,
     LearnedPositionalEmbedding,
     NgramEmbedding,
     PositionalEncoding,
@@ -75,14 +76,14 @@ class TransformerEncoder(keras.Model):
             x = x + NgramEmbedding(ngram_buckets, d_model, name="ngram_embedding", dtype=dtype)(token_ids)
         x = add_positions(x, position, max_length, d_model, dtype)
         if norm == "post":
-            x = keras.layers.LayerNormalization(epsilon=1e-12, name="embeddings_norm", dtype=dtype)(x)
+            x = LayerNorm(epsilon=1e-12, name="embeddings_norm", dtype=dtype)(x)
         x = Dropout(dropout, name="embeddings_dropout", dtype=dtype)(x)
         for index in range(num_layers):
             block = TransformerEncoderBlock(num_heads, dff, dropout, norm, activation=activation, use_bias=use_bias,
                                             glu=glu, rotary=position == "rope", name=f"block_{index}", dtype=dtype)
             x = block(x, padding_mask=padding_mask)
         if norm == "pre":
-            x = keras.layers.LayerNormalization(epsilon=1e-12, name="final_norm", dtype=dtype)(x)
+            x = LayerNorm(epsilon=1e-12, name="final_norm", dtype=dtype)(x)
         super().__init__(inputs={"token_ids": token_ids, "padding_mask": padding_mask}, outputs=x, **kwargs)
         # A functional model drops its `dtype` argument and stays float32. Without the mixed
         # policy no autocast scope is open when the token embedding runs, so Keras autocasts the

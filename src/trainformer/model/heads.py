@@ -7,7 +7,7 @@ from keras import ops
 
 from trainformer.config import ModelConfig
 from trainformer.model.encoder import EncoderModel, TransformerEncoder
-from trainformer.model.layers import PACKAGE, Dropout, ReversibleEmbedding, activation_function
+from trainformer.model.layers import PACKAGE, Dropout, LayerNorm, ReversibleEmbedding, activation_function
 
 POOLINGS = ("cls", "mean")  # what a ClassifierHead's pooler reads: [CLS], or the mean of the tokens
 
@@ -42,7 +42,7 @@ class MaskedLMHead(keras.layers.Layer):
         self._transform = keras.layers.Dense(d_model, activation=activation_function(self.activation), name="transform",
                                              dtype=self.dtype_policy)
         self._transform.build((None, None, d_model))
-        self._norm = keras.layers.LayerNormalization(epsilon=self.epsilon, name="norm", dtype=self.dtype_policy)
+        self._norm = LayerNorm(epsilon=self.epsilon, name="norm", dtype=self.dtype_policy)
         self._norm.build((None, None, d_model))
         self.output_bias = self.add_weight(
             name="output_bias", shape=(self.token_embedding.input_dim,), initializer="zeros"
