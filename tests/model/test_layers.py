@@ -365,6 +365,25 @@ def test_rotary_scores_depend_on_the_offset_and_its_sign():
     assert abs(score(5, 2) - score(2, 5)) > 1e-3
 
 
+@pytest.mark.parametrize("dtype, tolerance", [("float32", 1e-5), ("bfloat16", 2e-2)])
+def test_rotate_trains_fused_with_the_plain_values_and_gradients(dtype, tolerance):
+    """The training path (one XLA kernel each way; the gradient is the opposite rotation) against
+    autodiff of the plain ops, for a query and a key at once."""
+    query, key = (tf.constant(random(2, 9, 3, 8)) for _ in range(2))
+    upstream = [random(2, 9, 3, 8), random(2, 9, 3, 8)]
+
+    def run(training):
+        with tf.GradientTape() as tape:
+            tape.watch([query, key])
+            turned = rotate(tf.cast(query, dtype), tf.cast(key, dtype), training=training)
+            total = sum(tf.reduce_sum(tf.cast(t, tf.float32) * u) for t, u in zip(turned, upstream))
+        assert all(t.dtype == dtype for t in turned)
+        return [np.asarray(tf.cast(t, tf.float32)) for t in (*turned, *tape.gradient(total, [query, key]))]
+
+    for fused, plain in zip(run(True), run(False)):
+        np.testing.assert_allclose(fused, plain, rtol=tolerance, atol=tolerance)
+
+
 def rotary_encoder(position="rope"):
     from trainformer.model.encoder import TransformerEncoder
 

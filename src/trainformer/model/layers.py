@@ -140,16 +140,25 @@ def split_heads(x, parts: int, num_heads: int, head_dim: int):
     return tuple(ops.squeeze(part, 2) for part in ops.split(x, parts, axis=2))
 
 
-def rotate(*tensors):
+def rotary_rates(head_dim: int) -> np.ndarray:
+    """(head_dim / 2,) float32: the angle per position of each of rotate's feature pairs, 10000^(-2i / head_dim)."""
+    return (10000.0 ** (-np.arange(0, head_dim, 2) / head_dim)).astype("float32")
+
+
+def rotate(*tensors, training=None):
     """Rotary position embedding (RoPE; Su et al. 2021, RoFormer): each pair of features
     (i, i + head_dim / 2) at position t turned by the angle t * 10000^(-2i / head_dim), so a
     query-key product depends on the two positions' offset, and its sign: relative and
     directional, with no position vectors. Each tensor (batch, seq, heads, head_dim), all of
     one shape (a block's query and key: the angles are computed once) -> a tuple of them turned.
+    Training on the TF backend: one XLA kernel forward and one backward (model/fused_rotary.py).
     """
+    if training and keras.backend.backend() == "tensorflow":
+        from trainformer.model.fused_rotary import fused_rotate
+
+        return fused_rotate(*tensors)
     length, head_dim, dtype = ops.shape(tensors[0])[1], tensors[0].shape[-1], tensors[0].dtype
-    rates = ops.convert_to_tensor(10000.0 ** (-np.arange(0, head_dim, 2) / head_dim), "float32")  # (head_dim / 2,)
-    angles = ops.expand_dims(ops.arange(length, dtype="float32"), 1) * rates  # (seq, head_dim / 2)
+    angles = ops.expand_dims(ops.arange(length, dtype="float32"), 1) * rotary_rates(head_dim)  # (seq, head_dim / 2)
     # reshape, not [None, :, None, :]: TFLite has no StridedSlice with new axes (padding_keep)
     cos, sin = (ops.cast(ops.reshape(ops.tile(f(angles), (1, 2)), (1, length, 1, head_dim)), dtype)
                 for f in (ops.cos, ops.sin))  # each (1, seq, 1, head_dim)
@@ -504,14 +513,14 @@ class TransformerEncoderBlock(TransformerBlock):
         query, key, _ = self._heads(h)
         return attention_probabilities(query, key, padding_keep(padding_mask))
 
-    def _heads(self, x):
+    def _heads(self, x, training=None):
         """Fused projection -> query, key, value, each (batch, seq, heads, head_dim); with
         rotary, query and key rotated by their positions."""
         query, key, value = split_heads(self._qkv(x), 3, self.num_heads, self.head_dim)
-        return (*rotate(query, key), value) if self.rotary else (query, key, value)
+        return (*rotate(query, key, training=training), value) if self.rotary else (query, key, value)
 
     def _attention(self, x, padding_mask, training):
-        query, key, value = self._heads(x)  # each (batch, seq, heads, head_dim)
+        query, key, value = self._heads(x, training)  # each (batch, seq, heads, head_dim)
         return self._attention_output(attend(query, key, value, padding_keep(padding_mask),
                                              self._attention_dropout, training))
 
