@@ -3,10 +3,10 @@ TF backend (layers.rotate picks it).
 
 `rotate` in TF's ops is a dozen kernels per block forward (the angles' cos and sin, their tiles
 and casts, a split, a negation, a concatenation, two products and a sum for each of query and
-key) and as many backward; in zh-bert-small's profile they were ~7% of the step's op time. The
-rotation is linear and orthogonal, so its gradient is the rotation by the opposite angles:
-the backward is the forward with sin negated. Both compute in float32 and return each tensor's
-dtype. Inference and every export keep the plain ops.
+key) and as many backward: several percent of zh-bert-small's op time
+(benchmarks/profile_step.py). The rotation is linear and orthogonal, so its gradient is the
+rotation by the opposite angles: the backward is the forward with sin negated. Both compute in
+float32 and return each tensor's dtype. Inference and every export keep the plain ops.
 """
 
 from __future__ import annotations
