@@ -464,6 +464,12 @@ def test_fused_training_activation_has_the_plain_values_and_gradient(name, dtype
     assert fused(tf.cast(x, dtype)).dtype == dtype  # its input's dtype back, whatever it computes in
 
 
+def xla_ops(layer, x, training):
+    """The ops of layer(x)'s graph that XLA must compile."""
+    graph = tf.function(lambda t: layer(t, training=training)).get_concrete_function(x).graph
+    return [op for op in graph.get_operations() if op.node_def.attr["_XlaMustCompile"].b]
+
+
 def test_block_trains_with_the_fused_activation_and_infers_with_the_plain_one():
     # without dropout, training changes only how the activation runs: the same output and gradient
     block = TransformerEncoderBlock(num_heads=4, dff=64, dropout=0.0)
@@ -474,11 +480,7 @@ def test_block_trains_with_the_fused_activation_and_infers_with_the_plain_one():
     for trained, inferred in zip(*values):
         np.testing.assert_allclose(trained, inferred, atol=1e-5)
 
-    def xla_calls(training):  # the ops of the block's graph that XLA must compile
-        graph = tf.function(lambda t: block(t, training=training)).get_concrete_function(x).graph
-        return [op for op in graph.get_operations() if op.node_def.attr["_XlaMustCompile"].b]
-
-    assert xla_calls(True) and not xla_calls(False)  # an export traces training off: no XLA there
+    assert xla_ops(block, x, True) and not xla_ops(block, x, False)  # an export traces training off: no XLA there
 
 
 @pytest.mark.parametrize("dtype, tolerance", [("float32", 2e-5), ("mixed_bfloat16", 2e-2)])
@@ -503,11 +505,7 @@ def test_layer_norm_trains_fused_with_keras_values_and_gradients(dtype, toleranc
         np.testing.assert_allclose(fused, keras_ops, rtol=tolerance, atol=tolerance * np.abs(keras_ops).max())
     assert norm(x, training=True).dtype == norm.compute_dtype
 
-    def xla_calls(training):
-        graph = tf.function(lambda t: norm(t, training=training)).get_concrete_function(x).graph
-        return [op for op in graph.get_operations() if op.node_def.attr["_XlaMustCompile"].b]
-
-    assert xla_calls(True) and not xla_calls(False)  # an export traces training off: no XLA there
+    assert xla_ops(norm, x, True) and not xla_ops(norm, x, False)  # an export traces training off: no XLA there
 
 
 def test_block_activation_is_stored_and_used():
