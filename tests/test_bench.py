@@ -97,7 +97,7 @@ def test_flop_model_matches_the_peer_harness():
 LOSS_TOLERANCE = 1e-5  # relative, per step: summation order may differ, the math may not
 
 
-def sliced_heads(self, x):
+def sliced_heads(self, x, training=None):
     """The plain path replaced by ops.unstack in TransformerEncoderBlock._heads."""
     batch, seq_len = ops.shape(x)[0], ops.shape(x)[1]
     qkv = ops.reshape(self._qkv(x), (batch, seq_len, 3, self.num_heads, self.head_dim))
