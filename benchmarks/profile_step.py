@@ -11,8 +11,6 @@ protobuf directly (no TensorBoard plugin needed). The trace stays in $BENCH_TMP/
 TensorBoard's profile plugin.
 """
 import argparse
-import collections
-import glob
 import itertools
 import os
 import shutil
@@ -21,13 +19,13 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf
-from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 from trainformer.ops.bench import bench_run_dir, make_trainer, synthetic_dataset
 from trainformer.run_dir import load_starting_config
 from trainformer.tasks import load_source, task_for
 from trainformer.tasks.mlm import MaskedLMTask
 from trainformer.train.precision import resolved
+from xspace import print_op_times
 
 p = argparse.ArgumentParser()
 p.add_argument("config")
@@ -56,22 +54,4 @@ for _ in range(args.steps):
     trainer.train_step(batches)["loss_sum"].numpy()
 tf.profiler.experimental.stop()
 
-space = xplane_pb2.XSpace()
-with open(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0], "rb") as f:
-    space.ParseFromString(f.read())
-by_type, by_name = collections.Counter(), collections.Counter()
-for plane in space.planes:
-    for line in plane.lines:
-        for event in line.events:
-            name = plane.event_metadata[event.metadata_id].name
-            if ":" in name and not name.startswith(("Iterator", "EagerLocalExecute", "KernelAndDevice", "ExecutorState")):
-                ms = event.duration_ps / 1e9 / args.steps  # op events are named "scope/op:OpType"
-                by_type[name.rsplit(":", 1)[1]] += ms
-                by_name[name] += ms
-total = sum(by_type.values())
-print(f"op time per step, all threads: {total:.0f} ms")
-for op, ms in by_type.most_common(25):
-    print(f"{ms:8.1f} ms {100 * ms / total:5.1f}%  {op}")
-print("top ops:")
-for op, ms in by_name.most_common(15):
-    print(f"{ms:8.1f} ms  {op[-140:]}")
+print_op_times(logdir, args.steps)
