@@ -8,12 +8,14 @@ import json
 
 import keras
 import pytest
+import tensorflow as tf
 from cli_helpers import TINY, trainformer
 from keras import ops
 
 from trainformer.config import load_config
 from trainformer.data.pipeline import pack, tokenize_documents, train_dataset
 from trainformer.model.layers import TransformerEncoderBlock
+from trainformer.ops.bench import NonPadCounter, traced_note
 from trainformer.ops.flops import train_flops_per_step
 from trainformer.tasks.mlm import MaskedLMTask, masked_lm_sums
 from trainformer.train.loop import Trainer
@@ -72,6 +74,24 @@ def test_real_text_bench_counts_only_real_tokens_and_keeps_its_own_cache(tmp_pat
     assert 0 < r["effective_tokens_per_s"] <= r["tokens_per_s"] * (1 + 1e-6)
     assert r["vocab_size"] < 8000  # the vocabulary trained on People's Daily, not the config's size
     assert list(cache.glob("*/tokenizer/vocab.txt")) and not (cache / "config.yaml").exists()
+
+
+def test_bench_tells_steps_on_a_new_batch_width_from_steps_on_a_traced_one():
+    """Length-bucketed batches come in several widths, and the step traces once per width: a
+    timed step on a width not seen before is compilation, which bench leaves out."""
+    def batch(width, real):
+        mask = tf.sequence_mask([real, width], width)  # (2, width): one padded row, one full
+        return {"token_ids": tf.zeros((2, width), tf.int32), "padding_mask": mask}, {}
+
+    counter = NonPadCounter(iter([batch(16, 4), batch(16, 8), batch(32, 30), batch(16, 16), batch(32, 1)]))
+    taken = []
+    for fetches in (1, 1, 1, 2):  # the last step fetches two batches (train.accumulate 2)
+        for _ in range(fetches):
+            next(counter)
+        taken.append(counter.take())
+    assert taken == [(20, 32, True), (24, 32, False), (62, 64, True), (65, 96, False)]
+    assert "2 more traced a new batch width" in traced_note(steps=3, traced=2)
+    assert "raise --steps" in traced_note(steps=3, traced=3) and traced_note(steps=3, traced=0) == ""
 
 
 def test_bench_bad_input_is_one_line_exit_2(tmp_path):

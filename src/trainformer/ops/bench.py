@@ -112,15 +112,18 @@ def bench_run_dir(config: ExperimentConfig, cache_dir: Path) -> RunDir:
 
 
 class NonPadCounter:
-    """Passes batches through and keeps their padding masks, for effective tokens/s.
+    """Passes batches through and keeps their padding masks, for effective tokens/s, and the
+    batch widths seen so far: a step on a new width traces the step again (one trace per width,
+    train/loop.py), so its time is compilation, not the step.
 
-    Counting happens in `take()`, after the timed steps: an op here would run inside the
+    Counting happens in `take()`, after each timed step: an op here would run inside the
     timed fetch and be reported as data-wait.
     """
 
     def __init__(self, iterator):
         self.iterator = iterator
         self.masks: list[tf.Tensor] = []  # (batch, seq) bool each: seq varies with length buckets
+        self.widths: set[int] = set()
 
     def __iter__(self):
         return self
@@ -130,35 +133,43 @@ class NonPadCounter:
         self.masks.append(inputs["padding_mask"])
         return inputs, targets
 
-    def take(self) -> tuple[int, int]:
-        """(real tokens, padded tokens) in the batches fetched since the last take()."""
+    def take(self) -> tuple[int, int, bool]:
+        """(real tokens, padded tokens, whether a width was new) of the batches fetched since
+        the last take()."""
         real = sum(int(tf.math.count_nonzero(mask)) for mask in self.masks)
         padded = sum(int(tf.size(mask)) for mask in self.masks)
+        widths = {int(mask.shape[1]) for mask in self.masks}
+        new_width = not widths <= self.widths
+        self.widths |= widths
         self.masks = []
-        return real, padded
+        return real, padded, new_width
 
 
 def time_steps(trainer: Trainer, batches: NonPadCounter, warmup: int, steps: int) -> dict:
     """Wall time of each step, waited for (the loss comes back to the host, as in training's
-    per-step finiteness check), and the part of it spent waiting for input."""
+    per-step finiteness check), and the part of it spent waiting for input. Timed steps on a
+    batch width not seen before (length-bucketed tasks: the first batches of each width) are
+    tracing and compilation: they are left out of the figures and counted in "traced_steps"."""
 
-    def one_step() -> tuple[float, float]:
+    def one_step() -> tuple[float, float, int, int, bool]:
         started = time.perf_counter()
         results = trainer.train_step(batches)
         results["loss_sum"].numpy()
-        return time.perf_counter() - started, results["data_wait_s"]
+        return (time.perf_counter() - started, results["data_wait_s"], *batches.take())
 
-    first_step_s, _ = one_step()  # tracing and graph optimisation happen here
+    first_step_s = one_step()[0]  # tracing and graph optimisation happen here
     for _ in range(warmup - 1):
         one_step()
-    batches.take()
     cpu0, busy0, wall0 = os.times(), machine_busy_s(), time.perf_counter()
-    step_s, wait_s = zip(*(one_step() for _ in range(steps)))
+    timed = [one_step() for _ in range(steps)]
     wall, cpu1 = time.perf_counter() - wall0, os.times()
     own = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+    traced = sum(step[4] for step in timed)
+    kept = [step for step in timed if not step[4]] or timed  # every step a new width: nothing better to report
+    step_s, wait_s, real, padded, _ = zip(*kept)
     return {
         "step_s": sorted(step_s), "wait_s": sum(wait_s), "first_step_s": first_step_s,
-        "tokens": batches.take(), "own_cores": own / wall,
+        "tokens": (sum(real), sum(padded)), "traced_steps": traced, "own_cores": own / wall,
         "other_cores": max(0.0, machine_busy_s() - busy0 - own) / wall,
     }
 
@@ -194,6 +205,7 @@ def summarize(config: ExperimentConfig, vocab_size: int, num_params: int, timing
         "batch_size": batch,
         "seq_len": round(seq_len, 1),
         "steps": steps,
+        "traced_steps": timing["traced_steps"],  # timed steps on a new batch width: left out unless all were
         "step_ms": round(1e3 * median, 2),
         "step_ms_p10": round(1e3 * step_s[int(0.1 * (steps - 1))], 2),
         "step_ms_p90": round(1e3 * step_s[round(0.9 * (steps - 1))], 2),
@@ -222,13 +234,20 @@ def peak_memory_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def traced_note(steps: int, traced: int) -> str:
+    if traced == steps:
+        return f" (each traced a new batch width: compilation, not the step; raise --steps)"
+    return f" ({traced} more traced a new batch width: left out)" if traced else ""
+
+
 def format_result(r: dict) -> str:
     """The human-readable report."""
     peaks = ", ".join(f"{k} {v if v else 'n/a'}" for k, v in r["peak_gflops"].items())
     noisy = "  (NOISY: other processes used the CPU)" if r["other_cores"] > 0.25 else ""
     return "\n".join([
         f"step          {r['step_ms']:.1f} ms median (p10 {r['step_ms_p10']:.1f}, p90 {r['step_ms_p90']:.1f}) "
-        f"over {r['steps']} steps of {r['batch_size']} x {r['seq_len']}",
+        f"over {r['steps']} steps of {r['batch_size']} x {r['seq_len']}"
+        + traced_note(r["steps"], r["traced_steps"]),
         f"tokens/s      {r['tokens_per_s']:,.0f} padded, {r['effective_tokens_per_s']:,.0f} effective (non-pad); "
         f"{r['examples_per_s']:,.1f} examples/s",
         f"MFU           {r['mfu']:.1%} ({r['achieved_gflops']:.1f} GFLOP/s of {r['model_gflop_per_step']:.2f} "
