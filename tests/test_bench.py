@@ -90,8 +90,9 @@ def test_bench_tells_steps_on_a_new_batch_width_from_steps_on_a_traced_one():
             next(counter)
         taken.append(counter.take())
     assert taken == [(20, 32, True), (24, 32, False), (62, 64, True), (65, 96, False)]
-    assert "2 more traced a new batch width" in traced_note(steps=3, traced=2)
-    assert "raise --steps" in traced_note(steps=3, traced=3) and traced_note(steps=3, traced=0) == ""
+    assert "2 more traced a new batch width" in traced_note({"traced_steps": 2, "all_traced": False})
+    assert "raise --steps" in traced_note({"traced_steps": 3, "all_traced": True})
+    assert traced_note({"traced_steps": 0, "all_traced": False}) == ""
 
 
 def test_bench_bad_input_is_one_line_exit_2(tmp_path):

@@ -164,12 +164,12 @@ def time_steps(trainer: Trainer, batches: NonPadCounter, warmup: int, steps: int
     timed = [one_step() for _ in range(steps)]
     wall, cpu1 = time.perf_counter() - wall0, os.times()
     own = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
-    traced = sum(step[4] for step in timed)
-    kept = [step for step in timed if not step[4]] or timed  # every step a new width: nothing better to report
-    step_s, wait_s, real, padded, _ = zip(*kept)
+    kept = [step for step in timed if not step[4]]
+    step_s, wait_s, real, padded, _ = zip(*(kept or timed))  # every step a new width: nothing better to report
     return {
         "step_s": sorted(step_s), "wait_s": sum(wait_s), "first_step_s": first_step_s,
-        "tokens": (sum(real), sum(padded)), "traced_steps": traced, "own_cores": own / wall,
+        "tokens": (sum(real), sum(padded)), "traced_steps": len(timed) - len(kept), "all_traced": not kept,
+        "own_cores": own / wall,
         "other_cores": max(0.0, machine_busy_s() - busy0 - own) / wall,
     }
 
@@ -205,7 +205,8 @@ def summarize(config: ExperimentConfig, vocab_size: int, num_params: int, timing
         "batch_size": batch,
         "seq_len": round(seq_len, 1),
         "steps": steps,
-        "traced_steps": timing["traced_steps"],  # timed steps on a new batch width: left out unless all were
+        "traced_steps": timing["traced_steps"],  # timed steps on a new batch width
+        "all_traced": timing["all_traced"],  # then the figures are theirs: compilation, not the step
         "step_ms": round(1e3 * median, 2),
         "step_ms_p10": round(1e3 * step_s[int(0.1 * (steps - 1))], 2),
         "step_ms_p90": round(1e3 * step_s[round(0.9 * (steps - 1))], 2),
@@ -234,10 +235,10 @@ def peak_memory_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def traced_note(steps: int, traced: int) -> str:
-    if traced == steps:
-        return f" (each traced a new batch width: compilation, not the step; raise --steps)"
-    return f" ({traced} more traced a new batch width: left out)" if traced else ""
+def traced_note(r: dict) -> str:
+    if r["all_traced"]:
+        return " (each traced a new batch width: compilation, not the step; raise --steps)"
+    return f" ({r['traced_steps']} more traced a new batch width: left out)" if r["traced_steps"] else ""
 
 
 def format_result(r: dict) -> str:
@@ -247,7 +248,7 @@ def format_result(r: dict) -> str:
     return "\n".join([
         f"step          {r['step_ms']:.1f} ms median (p10 {r['step_ms_p10']:.1f}, p90 {r['step_ms_p90']:.1f}) "
         f"over {r['steps']} steps of {r['batch_size']} x {r['seq_len']}"
-        + traced_note(r["steps"], r["traced_steps"]),
+        + traced_note(r),
         f"tokens/s      {r['tokens_per_s']:,.0f} padded, {r['effective_tokens_per_s']:,.0f} effective (non-pad); "
         f"{r['examples_per_s']:,.1f} examples/s",
         f"MFU           {r['mfu']:.1%} ({r['achieved_gflops']:.1f} GFLOP/s of {r['model_gflop_per_step']:.2f} "
