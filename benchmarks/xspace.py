@@ -1,7 +1,7 @@
 """Op time per op type from a TF profiler trace (the XSpace protobuf, no TensorBoard plugin).
 
-Shared by profile_step.py (our step, project venv) and profile_kerashub.py (KerasHub's, peers'
-venv): both read their trace the same way, so their tables compare line by line.
+Shared by profile_step.py (our step, project venv) and peer_kerashub.py --profile (KerasHub's,
+peers' venv): both read their trace the same way, so their tables compare line by line.
 """
 import collections
 import glob
