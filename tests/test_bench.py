@@ -15,7 +15,7 @@ from keras import ops
 from trainformer.config import load_config
 from trainformer.data.pipeline import pack, tokenize_documents, train_dataset
 from trainformer.model.layers import TransformerEncoderBlock
-from trainformer.ops.bench import NonPadCounter, traced_note
+from trainformer.ops.bench import NonPadCounter, time_steps, traced_note
 from trainformer.ops.flops import train_flops_per_step
 from trainformer.tasks.mlm import MaskedLMTask, masked_lm_sums
 from trainformer.train.loop import Trainer
@@ -93,6 +93,26 @@ def test_bench_tells_steps_on_a_new_batch_width_from_steps_on_a_traced_one():
     assert "2 more traced a new batch width" in traced_note({"traced_steps": 2, "all_traced": False})
     assert "raise --steps" in traced_note({"traced_steps": 3, "all_traced": True})
     assert traced_note({"traced_steps": 0, "all_traced": False}) == ""
+
+
+class OneBatchASteps:
+    """The Trainer's side of time_steps: one batch from the iterator per step."""
+
+    def train_step(self, iterator):
+        next(iterator)
+        return {"loss_sum": tf.constant(0.0), "data_wait_s": 0.0}
+
+
+def test_bench_times_only_steps_on_a_width_already_traced():
+    def timed(*widths):  # the first width is the warm-up step's
+        batches = NonPadCounter(iter([({"padding_mask": tf.ones((2, w), tf.bool)}, {}) for w in widths]))
+        return time_steps(OneBatchASteps(), batches, warmup=1, steps=len(widths) - 1)
+
+    timing = timed(16, 16, 32, 16, 48, 32)  # 32 and 48 are new when timed
+    assert (timing["traced_steps"], timing["all_traced"], len(timing["step_s"])) == (2, False, 3)
+    assert timing["tokens"] == (2 * (16 + 16 + 32), 2 * (16 + 16 + 32))  # the kept steps' tokens only
+    timing = timed(8, 16, 24)  # every timed step new: reported, and said to be
+    assert (timing["traced_steps"], timing["all_traced"], len(timing["step_s"])) == (2, True, 2)
 
 
 def test_bench_bad_input_is_one_line_exit_2(tmp_path):
