@@ -55,6 +55,16 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Pa
     return folder
 
 
+def env_with_autograph_probe(root: Path) -> dict:
+    """cli_helpers.ENV for a process that lists, in root/autograph.txt, the functions AutoGraph
+    converted in it (tests/autograph_probe; test_autograph.py reads the lists)."""
+    from cli_helpers import ENV
+
+    probe = Path(__file__).parent / "autograph_probe"
+    path = os.pathsep.join(filter(None, [str(probe), ENV.get("PYTHONPATH")]))
+    return {**ENV, "PYTHONPATH": path, "AUTOGRAPH_PROBE": str(root / "autograph.txt")}
+
+
 @pytest.fixture(scope="session")
 def corpus():
     from trainformer.data.corpus import load_corpus
@@ -106,9 +116,12 @@ def intent_export(tmp_path_factory):
 
     def build(root):
         # fp32: an export is float32, and the tests compare it with predict on the run itself
+        env = env_with_autograph_probe(root)
         trainformer("train", "zh-intent", "--run-dir", str(root / "run"), *TINY, "--set", "train.steps=20",
-                    "--set", "train.precision=fp32", "--set", "model.ngram_buckets=64", "--set", "tokenizer.words=true")
-        result = trainformer("export", str(root / "run"), "--out", str(root / "intent"), "--quantize", "dynamic,float16")
+                    "--set", "train.precision=fp32", "--set", "model.ngram_buckets=64", "--set", "tokenizer.words=true",
+                    env=env)
+        result = trainformer("export", str(root / "run"), "--out", str(root / "intent"), "--quantize", "dynamic,float16",
+                             env=env)
         (root / "export.out").write_text(result.stdout)
 
     root = built_once(tmp_path_factory, "intent", build)
@@ -138,7 +151,7 @@ def intent_pretraining(tmp_path_factory):
 
     def build(root):
         stdout = trainformer("train", "--run-dir", str(root / "run"), *TINY, *INTENT_SPLIT,
-                             "--set", "train.steps=20").stdout
+                             "--set", "train.steps=20", env=env_with_autograph_probe(root)).stdout
         assert "chatterbot-zh-intents (" in stdout and "the texts of its train split: 695 train + 90 valid" in stdout
 
     return built_once(tmp_path_factory, "intent-pretraining", build) / "run"
@@ -150,7 +163,8 @@ def headline_run(tmp_path_factory):
     from cli_helpers import HEADLINES, trainformer
 
     def build(root):
-        (root / "train.out").write_text(trainformer("train", "--run-dir", str(root / "run"), *HEADLINES).stdout)
+        train = trainformer("train", "--run-dir", str(root / "run"), *HEADLINES, env=env_with_autograph_probe(root))
+        (root / "train.out").write_text(train.stdout)
 
     root = built_once(tmp_path_factory, "headlines", build)
     return root / "run", (root / "train.out").read_text()

@@ -149,6 +149,7 @@ def train_dataset(examples: dict[str, np.ndarray], batch_size: int, seed: int, s
         output_signature=tf.TensorSpec([batch_size], tf.int64),
     )
 
+    @tf.autograph.experimental.do_not_convert
     def batch(number: tf.Tensor, indices: tf.Tensor):
         if twice:
             indices = tf.repeat(indices, 2)  # (2 batch,): each text in two rows side by side

@@ -263,17 +263,21 @@ def train_dataset(
         raise ValueError("whole-word masking reads the windows as packed: not with shifted windows")
     starts = None if word_starts is None else tf.constant(word_starts)  # (num_windows, seq)
 
+    @tf.autograph.experimental.do_not_convert
     def epoch(index: tf.Tensor) -> tf.data.Dataset:
+        """Epoch index's batches to come: (window ids (batch_size,), batch number, epoch) each."""
         order = tf.random.experimental.stateless_shuffle(
             tf.range(num_windows), seed=tf.stack([tf.constant(seed, tf.int64), index])
         )
         order = tf.reshape(order[: batches_per_epoch * batch_size], [batches_per_epoch, batch_size])
         offset = tf.where(index == first_epoch, tf.constant(first_offset, tf.int64), 0)
         numbers = tf.range(offset, batches_per_epoch, dtype=tf.int64)
-        return tf.data.Dataset.from_tensor_slices((tf.gather(order, numbers), numbers))
+        epochs = tf.fill(tf.shape(numbers), index)
+        return tf.data.Dataset.from_tensor_slices((tf.gather(order, numbers), numbers, epochs))  # per batch
 
     predictions = max_predictions(windows.shape[1], mask_rate + mask_spread)
 
+    @tf.autograph.experimental.do_not_convert
     def masked(ids: tf.Tensor, number: tf.Tensor, index: tf.Tensor):
         batch_number = index * batches_per_epoch + number
         mask_seed = tf.stack([tf.constant(seed + 1, tf.int64), batch_number])
@@ -285,7 +289,7 @@ def train_dataset(
 
     return (
         tf.data.Dataset.counter(start=first_epoch)
-        .flat_map(lambda index: epoch(index).map(lambda ids, number: (ids, number, index)))
+        .flat_map(epoch)
         .map(masked, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         .prefetch(tf.data.AUTOTUNE)
     )
@@ -344,7 +348,10 @@ def distribute(strategy: tf.distribute.Strategy, global_batches: tf.data.Dataset
             per_replica = tf.reshape(tensor, tf.concat([[replicas, rows], tf.shape(tensor)[1:]], axis=0))
             return per_replica[first : first + local]
 
-        split = lambda *batch: tf.nest.map_structure(rows_of_local_replicas, batch)  # noqa: E731
+        @tf.autograph.experimental.do_not_convert
+        def split(*batch):
+            return tf.nest.map_structure(rows_of_local_replicas, batch)
+
         return global_batches.map(split).unbatch()  # local replicas take consecutive elements
 
     return strategy.distribute_datasets_from_function(pipeline)

@@ -224,7 +224,9 @@ def train_dataset(examples: dict[str, np.ndarray], batch_tokens: int, seed: int,
     numbers = tf.data.Dataset.from_generator(
         lambda: plan.stream(start_batch), output_signature=tf.TensorSpec([None], tf.int64)
     )
-    batches = numbers.map(lambda indices: gather_pairs(sources, targets, indices, source_len, target_len))
+    gather = tf.autograph.experimental.do_not_convert(
+        lambda indices: gather_pairs(sources, targets, indices, source_len, target_len))
+    batches = numbers.map(gather)
     return batches.prefetch(tf.data.AUTOTUNE)
 
 

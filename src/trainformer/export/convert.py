@@ -32,7 +32,7 @@ def frozen_ids(serving: tf.Module) -> tf.Module:
 
     module = tf.Module()
     module.serve_ids = tf.function(lambda *inputs: dict(zip(names, frozen(*inputs))),
-                                   input_signature=serving.ids.input_signature)
+                                   input_signature=serving.ids.input_signature, autograph=False)
     return module
 
 

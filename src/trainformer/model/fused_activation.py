@@ -34,11 +34,11 @@ def fused(forward, derivative):
     kernel per shape.
     """
 
-    @tf.function(jit_compile=True)
+    @tf.function(jit_compile=True, autograph=False)
     def apply(x):
         return tf.cast(forward(tf.cast(x, tf.float32)), x.dtype)
 
-    @tf.function(jit_compile=True)
+    @tf.function(jit_compile=True, autograph=False)
     def backward(x, upstream):
         return tf.cast(tf.cast(upstream, tf.float32) * derivative(tf.cast(x, tf.float32)), x.dtype)
 
@@ -54,11 +54,11 @@ def fused_gated(forward, derivative):
     """forward(gate) * value as one XLA kernel, with both gradients as one more: upstream * value
     * derivative(gate) for the gate, upstream * forward(gate) for the value. Dtypes as `fused`."""
 
-    @tf.function(jit_compile=True)
+    @tf.function(jit_compile=True, autograph=False)
     def apply(gate, value):
         return tf.cast(forward(tf.cast(gate, tf.float32)) * tf.cast(value, tf.float32), gate.dtype)
 
-    @tf.function(jit_compile=True)
+    @tf.function(jit_compile=True, autograph=False)
     def backward(gate, value, upstream):
         gate32, upstream = tf.cast(gate, tf.float32), tf.cast(upstream, tf.float32)
         return (tf.cast(upstream * tf.cast(value, tf.float32) * derivative(gate32), gate.dtype),

@@ -26,13 +26,13 @@ def _normalized(x: tf.Tensor, epsilon: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]
     return centred * inverse_std, inverse_std
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def _forward(x, gamma, beta, epsilon):
     normalized, _ = _normalized(tf.cast(x, tf.float32), epsilon)
     return tf.cast(normalized * gamma + beta, x.dtype)
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def _backward(x, gamma, upstream, epsilon):
     width = tf.shape(x)[-1]
     rows = tf.reshape(tf.cast(x, tf.float32), (-1, width))  # (tokens, d)

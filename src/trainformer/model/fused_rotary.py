@@ -16,7 +16,7 @@ import tensorflow as tf
 from trainformer.model.layers import rotary_rates
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def _turn(tensors, rates, sign):
     """Each of tensors (batch, seq, heads, head_dim) turned by sign x its positions' angles."""
     length = tf.shape(tensors[0])[1]

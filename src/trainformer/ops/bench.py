@@ -89,6 +89,7 @@ def synthetic_dataset(vocab_size: int, config: ExperimentConfig) -> tf.data.Data
     batch, seq_len = config.train.batch_size, config.data.seq_len
     seed = config.train.seed
 
+    @tf.autograph.experimental.do_not_convert
     def masked(number):
         ids = tf.random.stateless_uniform([batch, seq_len], tf.stack([tf.constant(seed, tf.int64), number]),
                                           minval=NUM_SPECIAL, maxval=vocab_size, dtype=tf.int32)

@@ -169,7 +169,7 @@ def enable_memory_growth(tf) -> None:
 def probe_xla(tf) -> dict:
     """Whether a tiny jit_compile function compiles and runs right on the default device."""
     try:
-        value = tf.function(lambda x: 2.0 * x + 1.0, jit_compile=True)(tf.constant([1.0, 2.0])).numpy()
+        value = tf.function(lambda x: 2.0 * x + 1.0, jit_compile=True, autograph=False)(tf.constant([1.0, 2.0])).numpy()
     except tf.errors.OpError as err:
         return {"ok": False, "error": str(err).strip().splitlines()[0]}
     return {"ok": value.tolist() == [3.0, 5.0], "error": None}

@@ -152,7 +152,7 @@ class ClassifyTask:
         order, read in batches of similar length."""
         flat, lengths = encode(self.tokenizer, texts, self.config.data.seq_len)
         examples = {"flat": flat, "lengths": lengths, "labels": np.zeros(len(lengths), np.int32)}
-        logits_of = tf.function(lambda inputs: model(inputs, training=False), reduce_retracing=True)
+        logits_of = tf.function(lambda inputs: model(inputs, training=False), reduce_retracing=True, autograph=False)
         batches = eval_batches(examples, self.config.train.batch_size, self.config.data.seq_len)
         read = np.concatenate([tf.nn.softmax(tf.cast(logits_of(inputs), tf.float32)).numpy() for inputs, _ in batches])
         in_order = np.empty_like(read)
@@ -186,7 +186,7 @@ class ClassifyTask:
 
     def evaluator(self, model: keras.Model):
         """evaluate(split) -> loss and classification_metrics on every example of the split."""
-        logits_of = tf.function(lambda inputs: model(inputs, training=False), reduce_retracing=True)
+        logits_of = tf.function(lambda inputs: model(inputs, training=False), reduce_retracing=True, autograph=False)
         batches = {}
 
         def evaluate(split: str = "valid") -> dict:
@@ -265,13 +265,13 @@ class ClassifyServing(TaskServing):
         self.label_names = labels
         self.labels = tf.constant(labels)
 
-    @tf.function(input_signature=[TEXT])
+    @tf.function(input_signature=[TEXT], autograph=False)
     def encode(self, text):
         """Texts -> ({token_ids (batch, L) int32}, truncated (batch,) bool), as training encodes."""
         ids, truncated = frame(self.tokenizer(text), self.seq_len)
         return {"token_ids": ids.to_tensor(PAD_ID)}, truncated
 
-    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="token_ids")])
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="token_ids")], autograph=False)
     def ids(self, token_ids):
         """`[CLS] ... [SEP]` ids padded with [PAD] (batch, L) -> logits and probabilities
         (batch, labels) float32, label_ids (batch,) int32."""
@@ -279,7 +279,7 @@ class ClassifyServing(TaskServing):
         return {"logits": logits, "probabilities": tf.nn.softmax(logits),
                 "label_ids": tf.argmax(logits, axis=-1, output_type=tf.int32)}
 
-    @tf.function(input_signature=[TEXT])
+    @tf.function(input_signature=[TEXT], autograph=False)
     def text(self, text):
         """Texts (batch,) -> ids' outputs plus label (batch,) string and truncated (batch,) bool
         (the text was longer than data.seq_len tokens and its end was dropped, as in training)."""

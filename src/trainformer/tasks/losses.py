@@ -5,7 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def _cross_entropy_forward(logits, labels, smoothing):
     picked = tf.gather(logits, labels[..., None], batch_dims=labels.shape.rank)[..., 0]  # (...)
     # -sum(target * log_softmax) with target (1 - e) on the label and e / classes everywhere
@@ -14,7 +14,7 @@ def _cross_entropy_forward(logits, labels, smoothing):
     return losses, hits
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def _cross_entropy_backward(logits, labels, smoothing, upstream):
     classes = tf.shape(logits)[-1]
     target = (1.0 - smoothing) * tf.one_hot(labels, classes) + smoothing / tf.cast(classes, tf.float32)

@@ -171,7 +171,8 @@ class MaskedLMTask:
     def evaluator(self, model: keras.Model):
         """evaluate(split) -> loss, perplexity, masked accuracy and the accuracy of always
         predicting the most frequent training token, on fixed cloze-masked windows."""
-        sums = tf.function(lambda inputs, targets: self._eval_sums(model, inputs, targets), reduce_retracing=True)
+        sums = tf.function(lambda inputs, targets: self._eval_sums(model, inputs, targets), reduce_retracing=True,
+                           autograph=False)
         batches = {}
 
         def evaluate(split: str = "valid") -> dict:
@@ -270,7 +271,7 @@ class FillMaskServing(TaskServing):
         super().__init__(model, tokenizer, seq_len, name="fill_mask_serving")
         self.vocab = tf.constant(tokenizer.vocab)
 
-    @tf.function(input_signature=[TEXT])
+    @tf.function(input_signature=[TEXT], autograph=False)
     def encode(self, text):
         """Texts with [MASK]s (in any case) -> ({token_ids (batch, L), masked_positions (batch, masks)} int32,
         truncated (batch,) bool). The text between [MASK]s is tokenized as in training; rows
@@ -289,7 +290,7 @@ class FillMaskServing(TaskServing):
         return {"token_ids": token_ids, "masked_positions": positions.to_tensor(0)}, truncated
 
     @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="token_ids"),
-                                  tf.TensorSpec([None, None], tf.int32, name="masked_positions")])
+                                  tf.TensorSpec([None, None], tf.int32, name="masked_positions")], autograph=False)
     def ids(self, token_ids, masked_positions):
         """ids (batch, L) and positions (batch, masks) -> logits (batch, masks, vocab) float32,
         the TOP_K ids (batch, masks, TOP_K) int32 and their probabilities as scores."""
@@ -298,7 +299,7 @@ class FillMaskServing(TaskServing):
         scores, top_ids = tf.math.top_k(tf.nn.softmax(logits), k=TOP_K)
         return {"logits": logits, "top_ids": top_ids, "scores": scores}
 
-    @tf.function(input_signature=[TEXT])
+    @tf.function(input_signature=[TEXT], autograph=False)
     def text(self, text):
         """Texts (batch,) -> tokens (batch, masks, TOP_K) string and scores float32 (empty and
         0 past a text's own masks), mask_count (batch,) int32, truncated (batch,) bool."""

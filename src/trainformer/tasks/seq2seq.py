@@ -184,7 +184,7 @@ class Seq2SeqTask:
         kept for save_outputs. `progress(line)`, when given, hears how far decoding is every
         few seconds (beam search over a test split takes minutes)."""
         # eval batches come in many shapes: one shape-generic trace, not one per shape
-        logits_of = tf.function(lambda inputs: model(inputs, training=False), reduce_retracing=True)
+        logits_of = tf.function(lambda inputs: model(inputs, training=False), reduce_retracing=True, autograph=False)
         serving = self.serving(model)
         batches = {}
 
@@ -288,13 +288,13 @@ class Seq2SeqServing(TaskServing):
         self.strategy = decode.strategy
         self.alpha = decode.length_penalty
 
-    @tf.function(input_signature=[TEXT])
+    @tf.function(input_signature=[TEXT], autograph=False)
     def encode(self, text):
         """Texts -> ({source_ids (batch, L) int32}, truncated (batch,) bool), as training encodes."""
         ids, truncated = frame(self.tokenizer(text), self.seq_len)
         return {"source_ids": ids.to_tensor(PAD_ID)}, truncated
 
-    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="source_ids")])
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name="source_ids")], autograph=False)
     def ids(self, source_ids):
         """`[CLS] ... [SEP]` source ids padded with [PAD] (batch, L) -> output (batch,) string,
         output_ids (batch, max_output) int32 (0 after [SEP]), score (batch,) float32; with beam
@@ -311,7 +311,7 @@ class Seq2SeqServing(TaskServing):
         return {"output": texts[:, 0], "output_ids": tokens[:, 0], "score": scores[:, 0],
                 "outputs": texts, "scores": scores}
 
-    @tf.function(input_signature=[TEXT])
+    @tf.function(input_signature=[TEXT], autograph=False)
     def text(self, text):
         """Texts (batch,) -> ids' outputs plus truncated (batch,) bool (the source was longer than
         data.seq_len tokens and its end was dropped, as in training)."""

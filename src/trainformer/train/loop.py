@@ -2,6 +2,11 @@
 
 Keras `fit` cannot run under MultiWorkerMirroredStrategy on this stack and cannot resume
 mid-epoch (DESIGN.md), so the loop is ours: step -> log -> eval -> checkpoint.
+
+Every tf.function of trainformer (and every function an input pipeline maps) is traced with
+autograph=False: its control flow is explicit (tf.cond, tf.while_loop), and AutoGraph's
+rewrite of the model's and the loop's Python cost ~2 s of every process's start on a 2-core CPU
+(tests/test_autograph.py).
 """
 
 from __future__ import annotations
@@ -88,20 +93,21 @@ class Trainer:
         # XLA compiles the model's forward and backward pass; batches are fetched outside
         # (iterators cannot be compiled) and the all-reduce stays outside too.
         jit = use_xla(config.xla)
-        self._compiled_gradients = tf.function(self._replica_gradients, jit_compile=jit)
+        self._compiled_gradients = tf.function(self._replica_gradients, jit_compile=jit, autograph=False)
         # apply_gradients calls merge_call, which fails inside a nested tf.function when
         # there are several replicas: the update is compiled on one device only. It is XLA's
         # even where the step is not (train.xla auto on CPU): AdamW's element-wise work over
         # every weight becomes one kernel per variable, 1.07x zh-bert-small's step on a CPU.
         single = strategy.num_replicas_in_sync == 1
         compile_update = config.xla != "off"
-        self._apply = tf.function(self._replica_apply, jit_compile=compile_update) if single else self._replica_apply
+        self._apply = (tf.function(self._replica_apply, jit_compile=compile_update, autograph=False) if single
+                       else self._replica_apply)
         # One trace per batch width (length-bucketed batches come in a few): not reduce_retracing,
         # whose shape-generic trace would make a batch's kernels depend on which widths came
         # first in this process, and a resumed run differ from an uninterrupted one in the last bits.
         # shape_generic (batches cut by a token budget come in dozens of shapes): one trace for
         # every shape from the first batch on, so every run and resume runs the same kernels.
-        self._train_step = None if shape_generic else tf.function(self._distributed_train_step)
+        self._train_step = None if shape_generic else tf.function(self._distributed_train_step, autograph=False)
         self._rollbacks: dict[str | None, int] = {}  # rollbacks in a row to one checkpoint
 
     def checkpoint_objects(self) -> dict:
@@ -151,7 +157,7 @@ class Trainer:
         data_wait = time.perf_counter() - started
         if self._train_step is None:
             signature = [[iterator.element_spec] * self.config.accumulate]  # None wherever shapes vary
-            self._train_step = tf.function(self._distributed_train_step, input_signature=signature)
+            self._train_step = tf.function(self._distributed_train_step, input_signature=signature, autograph=False)
         return {**self._train_step(batches), "data_wait_s": data_wait}
 
     def _distributed_train_step(self, batches: list) -> dict:

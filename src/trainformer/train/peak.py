@@ -41,7 +41,7 @@ def matmul_timer(dtype: str, size: int):
     """A function that times one (size x size) matmul in `dtype`, in seconds; None where the
     device cannot run it. The product is traced and run once here, untimed."""
     # One element comes back to the host: waits for the whole product without timing a copy.
-    matmul = tf.function(lambda a, b: tf.linalg.matmul(a, b)[0, 0])
+    matmul = tf.function(lambda a, b: tf.linalg.matmul(a, b)[0, 0], autograph=False)
     try:
         a = tf.cast(tf.random.stateless_normal((size, size), seed=(1, 2)), DTYPES[dtype])
         b = tf.cast(tf.random.stateless_normal((size, size), seed=(3, 4)), DTYPES[dtype])

@@ -105,7 +105,7 @@ def count_votes(strategy: tf.distribute.Strategy, vote: bool) -> int:
     return round(float(votes))
 
 
-@tf.function  # run eagerly, the multi-worker strategy warns of its overhead
+@tf.function(autograph=False)  # run eagerly, the multi-worker strategy warns of its overhead
 def _count_votes(strategy: tf.distribute.Strategy, vote: tf.Tensor) -> tf.Tensor:
     return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(tf.identity, args=(vote,)), axis=None)
 
