@@ -305,7 +305,7 @@ def test_prometheus_metrics_are_served_while_training(tmp_path, vocab_args):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     # The first eval at step 100: far enough past step 10 that the 0.1 s polls below see no valid series yet
-    process = start("train", "--run-dir", str(tmp_path / "run"), *TINY, *vocab_args,
+    process = start("train", "--run-dir", str(tmp_path / "run"), *TINY_NEWS, *vocab_args,
                     "--set", "train.steps=100000", "--set", "train.eval_every=100", "--metrics-port", str(port))
 
     def scrape_until(ready) -> dict:

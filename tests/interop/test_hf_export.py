@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import TINY, trainformer
+from cli_helpers import TINY, TINY_NEWS, trainformer
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 from test_hf_import import FIXTURE, REFERENCE, TOLERANCE, copy_fixture, fixture_tensors, hidden_state_error, quiet
@@ -40,10 +40,10 @@ NSP = ("cls.seq_relationship.weight", "cls.seq_relationship.bias")
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, vocab_args):
     """A tiny mlm run (gelu_tanh) and a tiny classify run (gelu, exact), BERT-shaped, 10 steps of real text."""
     root = tmp_path_factory.mktemp("trained")
-    trainformer("train", "zh-bert-tiny", "--run-dir", str(root / "mlm"), *TINY, *BERT_SHAPE)
+    trainformer("train", "zh-bert-tiny", "--run-dir", str(root / "mlm"), *TINY_NEWS, *vocab_args, *BERT_SHAPE)
     trainformer("train", "zh-intent", "--run-dir", str(root / "classify"), *TINY, *BERT_SHAPE,
                 "--set", "model.activation=gelu")
     return {"mlm": root / "mlm", "classify": root / "classify"}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_helpers import TINY, start
+from cli_helpers import TINY_NEWS, start
 from prometheus_client import start_http_server
 
 from trainformer.errors import UserError
@@ -285,7 +285,7 @@ def start_training(folder: Path, metrics_port: int, vocab_args: list[str]) -> su
     """A tiny run that would take minutes: the test stops it (SIGTERM) once it has what it needs.
     The session's vocabulary: the series do not depend on it, and training one costs ~5 s."""
     with (folder / "train.log").open("w") as log:
-        return start("train", "--run-dir", str(folder / "run"), *TINY, *vocab_args, "--set", "train.steps=20000",
+        return start("train", "--run-dir", str(folder / "run"), *TINY_NEWS, *vocab_args, "--set", "train.steps=20000",
                      "--set", "train.eval_every=100", "--set", "train.checkpoint_every=20000",
                      "--metrics-port", str(metrics_port), stdout=log)
 
