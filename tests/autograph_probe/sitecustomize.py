@@ -18,12 +18,18 @@ def converted_names(code: types.CodeType):
             yield from converted_names(constant)
 
 
+def converted_in(module: types.ModuleType) -> list[str]:
+    """The functions one generated module holds; a converted lambda holds no tf__ name."""
+    names = [name for value in vars(module).values() if isinstance(value, types.FunctionType)
+             for name in converted_names(value.__code__)]
+    return names or ["<lambda>"]
+
+
 def append_converted() -> None:
-    generated = [module for name, module in list(sys.modules.items()) if name.startswith("__autograph_generated_file")]
-    names = sorted(name for module in generated for value in vars(module).values()
-                   if isinstance(value, types.FunctionType) for name in converted_names(value.__code__))
+    names = sorted(name for module_name, module in list(sys.modules.items())
+                   if module_name.startswith("__autograph_generated_file") for name in converted_in(module))
     with open(os.environ["AUTOGRAPH_PROBE"], "a", encoding="utf-8") as out:
-        out.write(" ".join(sys.argv[1:2] + (names or ["?"] * len(generated))) + "\n")
+        out.write(" ".join(sys.argv[1:2] + names) + "\n")  # the verb, then what was converted
 
 
 atexit.register(append_converted)
