@@ -346,3 +346,30 @@ def test_metrics_port_in_use_is_a_one_line_error(tmp_path):
                              "--metrics-port", str(port), check=False)
     assert result.returncode == 2 and f"--metrics-port {port}: cannot serve" in result.stderr
 
+
+
+# A verb that imports Keras as train does, reporting what Python's cycle collector is doing.
+COLLECTOR_PROBE = """
+import gc, sys
+from trainformer import cli
+
+def verb(args):
+    print(gc.get_freeze_count(), "keras" in sys.modules)
+    import keras  # noqa: F401
+    print(gc.isenabled(), gc.get_freeze_count())
+    return 3
+
+cli.VERBS["diff"] = verb
+sys.argv = ["trainformer", "diff", "a", "b"]
+cli.command()
+"""
+
+
+def test_the_command_imports_keras_with_the_collector_off_and_runs_the_verb_with_it_on():
+    """framework_import.py: Keras and TensorFlow's objects frozen out of the collector's passes,
+    the collector back on for the verb, its exit status passed on."""
+    result = subprocess.run([sys.executable, "-c", COLLECTOR_PROBE], capture_output=True, text=True, env=ENV)
+    before, after = result.stdout.splitlines()
+    assert result.returncode == 3 and before == "0 False"
+    enabled, frozen = after.split()
+    assert enabled == "True" and int(frozen) > 100_000, after

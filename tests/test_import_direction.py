@@ -11,7 +11,7 @@ PACKAGE = Path(trainformer.__file__).parent
 # Lowest floor first. A module may import its own package and anything on a lower floor.
 FLOORS = [
     {"errors", "tokens", "__init__"},  # the ground floor: errors, special tokens, files, the run directory
-    {"config", "files", "quiet", "xla_flags", "images"},
+    {"config", "files", "quiet", "xla_flags", "framework_import", "images"},
     {"run_dir"},
     {"data", "model", "train"},  # train/ is the engine: loop, strategy, checkpoint, optim, precision, ...
     {"tasks"},

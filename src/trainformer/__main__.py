@@ -1,7 +1,5 @@
 """`python -m trainformer` = the `trainformer` command."""
 
-import sys
+from trainformer.cli import command
 
-from trainformer.cli import main
-
-sys.exit(main())
+command()

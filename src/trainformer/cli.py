@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import gc
 import importlib.metadata
 import json
 import os
 import sys
 from pathlib import Path
 
+from trainformer import framework_import
 from trainformer.errors import TrainingError, UserError
 from trainformer.quiet import quiet_tensorflow
 from trainformer.xla_flags import set_xla_flags
@@ -197,6 +199,17 @@ def version() -> str:
 
     stack = ", ".join(f"{name} {installed(name)}" for name in ("tensorflow", "keras", "tensorflow-text"))
     return f"trainformer {installed('trainformer')} ({stack})"
+
+
+def command() -> None:
+    """The `trainformer` command (its console script and `python -m trainformer`): main() as the
+    whole life of a process, which imports TensorFlow and Keras with the cycle collector off
+    (framework_import.py) and freezes everything before it exits, so that Python's last passes
+    walk none of it. main() called in-process (tests, notebooks) leaves the collector alone."""
+    framework_import.install()
+    status = main()
+    gc.freeze()
+    sys.exit(status)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -441,4 +454,4 @@ def text_chunks(texts, size: int = 64):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    command()
