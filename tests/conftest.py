@@ -16,6 +16,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before any TensorFlow impo
 
 import pytest
 
+from trainformer import framework_import
+
+# Each worker imports TensorFlow and Keras once and keeps them: as the command does, with the cycle
+# collector off, and out of its later passes (the tests' own garbage is still collected).
+framework_import.install()
+
 # trainformer is imported inside the fixtures: under pytest-xdist this file is loaded by the
 # controller too, which runs no test and would spend seconds importing TensorFlow for nothing
 # (printing its start-up records, since no capture is active there).
