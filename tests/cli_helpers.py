@@ -1,5 +1,8 @@
-"""Running the real `trainformer` command in a subprocess, for end-to-end tests."""
+"""Running the real `trainformer` command in a subprocess, for end-to-end tests, or its main()
+in the test's own process where only what it prints is tested."""
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -51,6 +54,26 @@ TRANSLATION = ["en-zh-translate", *TINY, "--set", "model.decoder_layers=1", "--s
 
 def trainformer(*args, check=True, env=ENV):
     result = subprocess.run([sys.executable, "-m", "trainformer", *args], capture_output=True, text=True, env=env)
+    if check and result.returncode:
+        raise AssertionError(f"exit {result.returncode}\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def in_process(*args, check=True) -> subprocess.CompletedProcess:
+    """`trainformer ARGS` as trainformer.cli.main(ARGS) in this process, its stdout and stderr
+    captured: for eval, predict and export, whose tests read what they print and write, this
+    spares the ~4 s of a new process importing TensorFlow. train always gets a process of its
+    own: it sets process-wide seeds and op determinism. What TensorFlow's C++ logs is not
+    captured: tests of a quiet stderr start a process."""
+    from trainformer.cli import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code = main(list(args))
+        except SystemExit as exit:  # argparse's usage errors
+            code = exit.code
+    result = subprocess.CompletedProcess(["trainformer", *args], code, stdout.getvalue(), stderr.getvalue())
     if check and result.returncode:
         raise AssertionError(f"exit {result.returncode}\n{result.stdout}\n{result.stderr}")
     return result

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import ENV, INTENT_SPLIT, TINY, read_metrics, stop_after_line, trainformer
+from cli_helpers import ENV, INTENT_SPLIT, TINY, in_process, read_metrics, stop_after_line, trainformer
 
 from trainformer.config import load_config
 from trainformer.data.labelled import load_labelled
@@ -68,7 +68,7 @@ def test_a_classifier_starts_from_the_pretraining_run(finetuned, intent_pretrain
 
 def test_eval_json_of_a_classify_run(finetuned):
     run_dir = finetuned[0]
-    result = json.loads(trainformer("eval", str(run_dir), "--split", "test", "--json").stdout)
+    result = json.loads(in_process("eval", str(run_dir), "--split", "test", "--json").stdout)
     assert {"accuracy", "macro_f1", "per_class", "support", "baseline_accuracy", "num_examples", "split",
             "step", "loss", "confusion"} <= set(result)
     best = json.loads((run_dir / "checkpoints" / "best.json").read_text())
@@ -86,9 +86,9 @@ def test_eval_keeps_its_scores_and_says_when_test_is_scored_again(finetuned):
     run_dir = finetuned[0]
     scores = run_dir / "eval" / "scores.jsonl"
     before = len(scores.read_text().splitlines()) if scores.exists() else 0
-    valid = trainformer("eval", str(run_dir), "--json")
-    test = trainformer("eval", str(run_dir), "--split", "test", "--json")
-    again = trainformer("eval", str(run_dir), "--split", "test", "--json")
+    valid = in_process("eval", str(run_dir), "--json")
+    test = in_process("eval", str(run_dir), "--split", "test", "--json")
+    again = in_process("eval", str(run_dir), "--split", "test", "--json")
     said = "this checkpoint was scored on the test split before"
     assert said not in valid.stderr and said in again.stderr  # (test's own stderr says it if another test scored first)
     records = [json.loads(line) for line in scores.read_text().splitlines()][before:]
@@ -123,7 +123,7 @@ def test_confusion_matrix_image_in_tensorboard(finetuned):
 
 
 def test_predict_fills_masks_on_a_pretraining_run(intent_pretraining):
-    [line] = trainformer("predict", str(intent_pretraining), "人民[MASK]报").stdout.splitlines()
+    [line] = in_process("predict", str(intent_pretraining), "人民[MASK]报").stdout.splitlines()
     masks = json.loads(line)["masks"]
     assert len(masks) == 1 and len(masks[0]) == 5
     assert masks[0][0]["probability"] >= masks[0][-1]["probability"]
@@ -194,7 +194,7 @@ def test_a_student_trains_on_its_teachers_probabilities_and_resumes_from_the_cac
     # the rows are the teacher's answers to the train split's texts, in order (asked here through
     # predict's own path: the texts tokenized in its graph, one at a time)
     corpus = load_labelled("chatterbot-zh-intents", 0.1, 0.1)
-    answers = [json.loads(line) for line in trainformer("predict", str(teacher), *corpus.train.texts[:3]).stdout
+    answers = [json.loads(line) for line in in_process("predict", str(teacher), *corpus.train.texts[:3]).stdout
                .splitlines()]
     for row, answer in zip(probabilities, answers):
         np.testing.assert_allclose(row, [answer["probabilities"][label] for label in corpus.labels], atol=1e-5)
@@ -255,18 +255,18 @@ def test_eval_and_predict_use_the_best_checkpoint_and_say_so(kept_best):
     run_dir = kept_best[0]
     best = json.loads((run_dir / "checkpoints" / "best.json").read_text())
     said = f"checkpoint: best (step {best['step']}, valid accuracy {best['value']:.4f})"
-    result = trainformer("eval", str(run_dir), "--json")
+    result = in_process("eval", str(run_dir), "--json")
     scores = json.loads(result.stdout)
     assert said in result.stderr and scores["checkpoint"].endswith(f"best/best-{best['step']}")
     assert scores["step"] == best["step"] and scores["accuracy"] == pytest.approx(best["value"], abs=1e-9)
-    latest = json.loads(trainformer("eval", str(run_dir), "--json", "--checkpoint", "latest").stdout)
+    latest = json.loads(in_process("eval", str(run_dir), "--json", "--checkpoint", "latest").stdout)
     assert latest["step"] == 40 and latest["checkpoint"].endswith("checkpoints/ckpt-40")
     # train.ema: the evaluations (and best/) read the average, a latest checkpoint's model the
     # trained weights themselves (the average resumes from its optimizer)
     logged = {m["step"]: m["loss"] for m in read_metrics(run_dir) if m.get("split") == "valid"}
     assert scores["loss"] == pytest.approx(logged[best["step"]], rel=1e-6)
     assert abs(latest["loss"] - logged[40]) > 1e-4
-    predicted = trainformer("predict", str(run_dir), "你好")
+    predicted = in_process("predict", str(run_dir), "你好")
     assert said in predicted.stderr and json.loads(predicted.stdout)["text"] == "你好"
 
 
@@ -274,7 +274,7 @@ def test_export_uses_the_best_checkpoint_and_mean_pooling_passes_parity(kept_bes
     """The SavedModel only: mean pooling's TFLite and ONNX forms are left to the export tests."""
     run_dir = kept_best[0]
     best = json.loads((run_dir / "checkpoints" / "best.json").read_text())
-    result = trainformer("export", str(run_dir), "--out", str(tmp_path / "base"), "--format", "saved_model")
+    result = in_process("export", str(run_dir), "--out", str(tmp_path / "base"), "--format", "saved_model")
     assert f"checkpoint: best (step {best['step']}, valid accuracy" in result.stdout
     metadata = json.loads((tmp_path / "base" / str(best["step"]) / "metadata.json").read_text())
     assert metadata["step"] == best["step"] and metadata["checkpoint"] == f"checkpoints/best/best-{best['step']}"

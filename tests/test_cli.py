@@ -19,7 +19,7 @@ import urllib.request
 
 import pytest
 import yaml
-from cli_helpers import CLEAN_ENV, ENV, NOISE, TINY, TINY_NEWS, read_metrics, start, trainformer
+from cli_helpers import CLEAN_ENV, ENV, NOISE, TINY, TINY_NEWS, in_process, read_metrics, start, trainformer
 
 from trainformer.train.precision import resolve_precision
 
@@ -78,7 +78,7 @@ def test_loss_decreases_on_real_text(run):
 
 def test_eval_json(run):
     run_dir, _, _ = run
-    result = json.loads(trainformer("eval", str(run_dir), "--json").stdout)
+    result = json.loads(in_process("eval", str(run_dir), "--json").stdout)
     for key in ("loss", "perplexity", "masked_accuracy", "baseline_accuracy", "step"):
         assert key in result
     assert result["step"] == 30
@@ -209,7 +209,7 @@ def test_failed_first_attempts_leave_nothing_and_block_nothing(tmp_path, vocab_a
                          check=False)
     assert result.returncode == 2 and "train.batch_size: 1000000 is more than the" in result.stderr
     assert "training windows" in result.stderr
-    result = trainformer("eval", str(run_dir), check=False)
+    result = in_process("eval", str(run_dir), check=False)
     assert result.returncode == 2 and "no checkpoint yet" in result.stderr
     result = trainformer("train", "--run-dir", str(run_dir), *TINY_NEWS, *vocab_args, "--set", "train.steps=10")
     assert "done in" in result.stdout
@@ -228,7 +228,7 @@ def test_a_run_is_trained_by_one_process_at_a_time(tmp_path, vocab_args):
         second = trainformer("train", "--run-dir", str(run_dir), check=False)
         assert second.returncode == 2
         assert f"another trainformer train is running on this run directory (pid {process.pid})" in second.stderr
-        assert json.loads(trainformer("eval", str(run_dir), "--json").stdout)["step"] >= 10
+        assert json.loads(in_process("eval", str(run_dir), "--json").stdout)["step"] >= 10
     finally:
         process.send_signal(signal.SIGINT)
         stdout, _ = process.communicate(timeout=60)
@@ -254,7 +254,7 @@ def test_own_corpus_run_eval_without_the_corpus_and_a_changed_corpus_refused(tmp
     assert manifest["precision"] == precision and manifest["precision_reason"].startswith(why)
 
     news.rename(tmp_path / "moved.txt")  # eval reads the run's token cache, not the corpus
-    assert json.loads(trainformer("eval", str(run_dir), "--json").stdout)["loss"] == pytest.approx(final["loss"])
+    assert json.loads(in_process("eval", str(run_dir), "--json").stdout)["loss"] == pytest.approx(final["loss"])
 
     (tmp_path / "moved.txt").rename(news)
     with news.open("a", encoding="utf-8") as handle:

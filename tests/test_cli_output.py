@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import ENV, TINY, trainformer
+from cli_helpers import ENV, TINY, in_process, trainformer
 from safetensors.numpy import load_file, save_file
 
 from trainformer.run.inference import untrained_head
@@ -27,9 +27,9 @@ def command(*args) -> list[str]:
 
 def test_plain_eval_of_a_classify_run_prints_aligned_tables(intent_export):
     run_dir = intent_export[0]
-    result = json.loads(trainformer("eval", str(run_dir), "--json").stdout)
+    result = json.loads(in_process("eval", str(run_dir), "--json").stdout)
     labels = list(result["per_class"])
-    text = trainformer("eval", str(run_dir)).stdout
+    text = in_process("eval", str(run_dir)).stdout
     lines = text.splitlines()
     assert "{" not in text and "[[" not in text  # no Python reprs
     header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["label", "precision"])
@@ -61,7 +61,7 @@ def test_a_reader_that_stops_reading_ends_the_command_quietly(intent_export, arg
 def test_seq2seq_eval_says_how_far_decoding_is_on_stderr_and_takes_decode_settings(headline_run, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(headline_run[0], run_dir)  # eval writes its outputs into the run
-    result = trainformer("eval", str(run_dir), "--split", "test", "--json", "--set", "decode.strategy=greedy",
+    result = in_process("eval", str(run_dir), "--split", "test", "--json", "--set", "decode.strategy=greedy",
                          "--set", "decode.max_length=12")
     scores = json.loads(result.stdout)  # stdout: the JSON alone
     assert scores["decode"] == {"strategy": "greedy", "max_length": 12}
@@ -75,7 +75,7 @@ def test_seq2seq_eval_says_how_far_decoding_is_on_stderr_and_takes_decode_settin
     ("decode.strategy=sample", "decode.strategy: 'sample' is not one of greedy, beam"),
 ])
 def test_eval_refuses_any_other_setting_in_one_line(headline_run, item, message):
-    result = trainformer("eval", str(headline_run[0]), "--set", item, check=False)
+    result = in_process("eval", str(headline_run[0]), "--set", item, check=False)
     assert result.returncode == 2 and message in result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""
 
@@ -112,7 +112,7 @@ def headless_import(tmp_path_factory):
 
 
 def test_predict_warns_when_the_mlm_head_is_untrained_and_accepts_mask_in_any_case(headless_import):
-    result = trainformer("predict", str(headless_import), "the [MASK] is good", "the [mask] is good",
+    result = in_process("predict", str(headless_import), "the [MASK] is good", "the [mask] is good",
                          "the [Mask] is good")
     warnings = [line for line in result.stderr.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "MLM head" in warnings[0] and "random" in warnings[0]

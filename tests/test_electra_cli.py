@@ -6,7 +6,7 @@ pure function of the batch number: tests/data/test_pipeline.py.)"""
 import json
 
 import pytest
-from cli_helpers import TINY_NEWS, trainformer
+from cli_helpers import TINY_NEWS, in_process, trainformer
 
 ELECTRA = [*TINY_NEWS, "--set", "task.type=electra", "--set", "train.steps=10", "--set", "train.eval_every=10"]
 
@@ -29,7 +29,7 @@ def test_an_electra_run_reports_detection(electra_run):
 
 def test_a_classifier_fine_tunes_from_the_discriminator_and_predict_refuses_the_pretraining_run(electra_run, tmp_path):
     run_dir, _ = electra_run
-    refused = trainformer("predict", str(run_dir), "你好", check=False)
+    refused = in_process("predict", str(run_dir), "你好", check=False)
     assert refused.returncode == 2 and "fine-tune from it" in refused.stderr
     finetuned = trainformer("train", "--run-dir", str(tmp_path / "intent"), "--set", "task.type=classify",
                             "--set", "data.corpus=chatterbot-zh-intents", "--set", "data.seq_len=32",

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from cli_helpers import TINY, read_metrics, trainformer
+from cli_helpers import TINY, in_process, read_metrics, trainformer
 
 from trainformer.data.corpus import load_corpus
 from trainformer.data.pipeline import NUM_SPECIAL, pack, tokenize_documents
@@ -38,7 +38,7 @@ def run(tmp_path_factory, corpus_file, vocab_dir):
 
 
 def evaluate(run_dir, *args) -> dict:
-    return json.loads(trainformer("eval", str(run_dir), "--json", *args).stdout)
+    return json.loads(in_process("eval", str(run_dir), "--json", *args).stdout)
 
 
 @pytest.fixture(scope="module")

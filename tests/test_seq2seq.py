@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import sacrebleu
 import tensorflow as tf
-from cli_helpers import read_metrics, trainformer
+from cli_helpers import in_process, read_metrics, trainformer
 
 from trainformer.config import load_config
 from trainformer.model.heads import build_masked_lm
@@ -81,11 +81,11 @@ def test_training_writes_the_decoded_valid_split_beside_its_references(headline_
 def test_eval_json_scores_the_test_split(headline_run, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(headline_run[0], run_dir)  # eval writes its outputs into the run
-    result = json.loads(trainformer("eval", str(run_dir), "--split", "test", "--json").stdout)
+    result = json.loads(in_process("eval", str(run_dir), "--split", "test", "--json").stdout)
     assert {"bleu", "chrf", "rouge1", "rouge2", "rougeL", "loss", "token_accuracy", "num_examples", "split", "step",
             "decode", "sentences_per_s"} <= set(result)
     assert result["split"] == "test" and result["step"] == 20 and result["num_examples"] > 100
-    valid = json.loads(trainformer("eval", str(run_dir), "--json").stdout)
+    valid = json.loads(in_process("eval", str(run_dir), "--json").stdout)
     trained = [e for e in read_metrics(run_dir) if e.get("split") == "valid"][-1]
     assert valid["loss"] == pytest.approx(trained["loss"], abs=1e-4)  # the checkpoint holds the whole model
     assert result["decode"] == {"strategy": "beam", "max_length": 24, "beam_size": 2, "length_penalty": 0.6}
@@ -114,7 +114,7 @@ def test_eval_scores_are_those_of_the_outputs_it_writes(headline_run, tmp_path):
 def test_predict_prints_the_output_and_the_beams_n_best(headline_run):
     run_dir, _ = headline_run
     texts = ["新华社北京１月１日电 国家主席江泽民发表新年讲话。", "本报讯 今年粮食生产获得丰收。"]
-    lines = trainformer("predict", str(run_dir), *texts, "--nbest").stdout.splitlines()
+    lines = in_process("predict", str(run_dir), *texts, "--nbest").stdout.splitlines()
     answers = [json.loads(line) for line in lines]
     assert [a["text"] for a in answers] == texts
     for answer in answers:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_helpers import ENV, TINY_NEWS, trainformer
+from cli_helpers import ENV, TINY_NEWS, in_process, trainformer
 
 from trainformer import quiet
 from trainformer.cli import main
@@ -81,7 +81,7 @@ def test_the_saved_model_answers_text_in_a_fresh_process_as_predict_does(intent_
     answer = json.loads(subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(out),
                                         json.dumps(TEXTS)], capture_output=True, text=True, env=ENV,
                                        check=True).stdout)
-    predicted = [json.loads(line) for line in trainformer("predict", str(run_dir), *TEXTS).stdout.splitlines()]
+    predicted = [json.loads(line) for line in in_process("predict", str(run_dir), *TEXTS).stdout.splitlines()]
     assert answer["label"] == [p["label"] for p in predicted]
     for row, p in zip(answer["probabilities"], predicted):
         assert np.allclose(row, list(p["probabilities"].values()), atol=1e-5)
@@ -133,7 +133,7 @@ def test_a_masked_lm_exports_fill_mask(tmp_path, vocab_args):
                                        check=True).stdout)
     assert answer["mask_count"] == [2, 0]
     assert np.array(answer["tokens"]).shape == (2, 2, 5) and answer["tokens"][1] == [[""] * 5] * 2
-    predicted = json.loads(trainformer("predict", str(run_dir), texts[0]).stdout)
+    predicted = json.loads(in_process("predict", str(run_dir), texts[0]).stdout)
     assert [[c["token"] for c in mask] for mask in predicted["masks"]] == answer["tokens"][0]
 
 

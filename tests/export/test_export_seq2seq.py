@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from cli_helpers import ENV, trainformer
+from cli_helpers import ENV, in_process, trainformer
 
 from trainformer.errors import UserError
 from trainformer.export import export_run
@@ -46,7 +46,7 @@ def test_a_translation_run_exports_a_text_in_saved_model_that_answers_as_predict
     answer = json.loads(subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(version), json.dumps(SOURCES)],
                                        capture_output=True, text=True, env=ENV, check=True).stdout)
     predicted = [json.loads(line) for line in
-                 trainformer("predict", str(run_dir), *SOURCES, "--nbest").stdout.splitlines()]
+                 in_process("predict", str(run_dir), *SOURCES, "--nbest").stdout.splitlines()]
     assert answer["output"] == [p["output"] for p in predicted] and any(answer["output"])
     assert answer["score"] == pytest.approx([p["score"] for p in predicted], abs=1e-4)  # predict rounds to 4
     assert answer["outputs"] == [[h["output"] for h in p["nbest"]] for p in predicted]

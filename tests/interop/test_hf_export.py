@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import TINY, TINY_NEWS, trainformer
+from cli_helpers import TINY, TINY_NEWS, in_process, trainformer
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 from test_hf_import import FIXTURE, REFERENCE, TOLERANCE, copy_fixture, fixture_tensors, hidden_state_error, quiet
@@ -219,14 +219,14 @@ def config_only_run(folder: Path, name: str, *overrides: str) -> Path:
 
 def test_unmappable_settings_are_refused_through_the_command_line(tmp_path):
     pre_ln = config_only_run(tmp_path / "pre", "zh-intent")  # pre-LN, sinusoidal: norm is named first
-    result = trainformer("export", str(pre_ln), "--format", "hf", "--out", str(tmp_path / "out"), check=False)
+    result = in_process("export", str(pre_ln), "--format", "hf", "--out", str(tmp_path / "out"), check=False)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "model.norm pre has no Hugging Face BERT equivalent" in result.stderr
     seq2seq = config_only_run(tmp_path / "seq2seq", "en-zh-translate")
-    result = trainformer("export", str(seq2seq), "--format", "hf", "--out", str(tmp_path / "out"), check=False)
+    result = in_process("export", str(seq2seq), "--format", "hf", "--out", str(tmp_path / "out"), check=False)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "task.type seq2seq has no Hugging Face BERT equivalent" in result.stderr
-    result = trainformer("export", str(pre_ln), "--format", "hf,onnx", "--out", str(tmp_path / "out"), check=False)
+    result = in_process("export", str(pre_ln), "--format", "hf,onnx", "--out", str(tmp_path / "out"), check=False)
     assert result.returncode == 2 and "--format hf: give it alone" in result.stderr
     assert not (tmp_path / "out").exists()
 

@@ -293,11 +293,11 @@ def test_missing_folder_and_config(tmp_path):
 
 def test_import_then_predict_and_fine_tune_from_it(tmp_path):
     """The verbs users chain: import a BERT, poke it with [MASK], fine-tune a classifier on it."""
-    from cli_helpers import trainformer
+    from cli_helpers import in_process, trainformer
 
     imported = tmp_path / "imported"
     trainformer("import", "hf", str(FIXTURE), "--run-dir", str(imported))
-    [line] = trainformer("predict", str(imported), "我[MASK]你").stdout.splitlines()
+    [line] = in_process("predict", str(imported), "我[MASK]你").stdout.splitlines()
     assert len(json.loads(line)["masks"][0]) == 5
     refused = trainformer("train", "--run-dir", str(imported), check=False)
     assert refused.returncode == 2 and "an imported checkpoint, not a training run" in refused.stderr
