@@ -152,7 +152,7 @@ def translation_export(tmp_path_factory):
 def intent_pretraining(tmp_path_factory):
     """A tiny masked LM trained 20 steps on the texts of the real chatterbot intents' train
     split, keeping ckpt-10 and ckpt-20: test_classify's fine-tunes start from it,
-    test_average averages it."""
+    test_average averages it, test_export exports it."""
     from cli_helpers import INTENT_SPLIT, TINY, trainformer
 
     def build(root):

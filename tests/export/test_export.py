@@ -1,5 +1,5 @@
 """`trainformer export` end to end on real tiny runs: a classifier on the chatterbot intents and
-a masked LM on People's Daily, every artifact checked against the Keras model, the SavedModel
+a masked LM on the intents' texts, every artifact checked against the Keras model, the SavedModel
 loaded in a fresh process without trainformer, the TFLite model fed by the exported tokenizer.py,
 and the export base checked by TF Serving's own rule for version folders."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_helpers import ENV, TINY_NEWS, in_process, trainformer
+from cli_helpers import ENV, in_process, trainformer
 
 from trainformer import quiet
 from trainformer.cli import main
@@ -118,17 +118,15 @@ def test_tflite_and_onnx_answer_from_the_exported_tokenizer(intent_export):
     assert truncated == reference["truncated"].numpy().tolist()
 
 
-def test_a_masked_lm_exports_fill_mask(tmp_path, vocab_args):
-    run_dir = tmp_path / "mlm"
-    trainformer("train", "--run-dir", str(run_dir), *TINY_NEWS, *vocab_args, "--set", "train.steps=5",
-                "--set", "train.eval_every=5")
+def test_a_masked_lm_exports_fill_mask(tmp_path, intent_pretraining):
+    run_dir = intent_pretraining
     base = tmp_path / "fill-mask"
     metadata = export_run(run_dir, base, formats=("saved_model", "tflite"), say=lambda text: None)
     for name in ("saved_model", "tflite"):
         assert metadata["parity"]["artifacts"][name]["max_abs_logit_diff"] <= 1e-4
     assert set(metadata["signatures"]["serve_ids"]["inputs"]) == {"token_ids", "masked_positions"}
     texts = ["今天[MASK]气很好，[MASK]民日报", "没有掩码"]
-    answer = json.loads(subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(base / "5"),
+    answer = json.loads(subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(base / "20"),
                                         json.dumps(texts)], capture_output=True, text=True, env=ENV,
                                        check=True).stdout)
     assert answer["mask_count"] == [2, 0]
