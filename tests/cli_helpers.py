@@ -61,9 +61,9 @@ def trainformer(*args, check=True, env=ENV):
 
 def in_process(*args, check=True) -> subprocess.CompletedProcess:
     """`trainformer ARGS` as trainformer.cli.main(ARGS) in this process, its stdout and stderr
-    captured: for eval, predict and export, whose tests read what they print and write, this
-    spares the ~4 s of a new process importing TensorFlow. train always gets a process of its
-    own: it sets process-wide seeds and op determinism. What TensorFlow's C++ logs is not
+    captured: for eval, predict, export and bench, whose tests read what they print and write,
+    this spares the ~4 s of a new process importing TensorFlow. train always gets a process of
+    its own: it makes op determinism process-wide, for good. What TensorFlow's C++ logs is not
     captured: tests of a quiet stderr start a process."""
     from trainformer.cli import main
 

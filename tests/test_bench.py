@@ -9,7 +9,7 @@ import json
 import keras
 import pytest
 import tensorflow as tf
-from cli_helpers import TINY, trainformer
+from cli_helpers import TINY, in_process
 from keras import ops
 
 from trainformer.config import load_config
@@ -28,7 +28,7 @@ KEYS = {"step_ms", "tokens_per_s", "effective_tokens_per_s", "mfu", "data_wait_p
 
 
 def bench_json(*args):
-    result = trainformer("bench", *TINY, "--steps", "3", "--warmup", "1", "--json", *args)
+    result = in_process("bench", *TINY, "--steps", "3", "--warmup", "1", "--json", *args)
     return json.loads(result.stdout)  # stdout holds the JSON object only
 
 
@@ -119,7 +119,7 @@ def test_bench_bad_input_is_one_line_exit_2(tmp_path):
     (tmp_path / "config.yaml").write_text("name: a training run\n")
     for args, message in ((["--synthetic", "--steps", "0"], "--steps"),
                           (["--cache-dir", str(tmp_path)], "holds a training run")):
-        result = trainformer("bench", *TINY, *args, check=False)
+        result = in_process("bench", *TINY, *args, check=False)
         assert result.returncode == 2, result.stderr
         lines = [line for line in result.stderr.splitlines() if line.startswith("trainformer: error:")]
         assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.stderr

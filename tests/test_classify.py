@@ -44,7 +44,7 @@ def finetuned(intent_pretraining, tmp_path_factory):
 
 
 def test_bench_of_a_fine_tune_times_the_model_of_its_init_from(finetuned, intent_pretraining, tmp_path):
-    result = trainformer("bench", "zh-intent", "--set", f"model.init_from={intent_pretraining}", "--steps", "1",
+    result = in_process("bench", "zh-intent", "--set", f"model.init_from={intent_pretraining}", "--steps", "1",
                          "--cache-dir", str(tmp_path), "--json")
     _, model, _, _ = load_run(finetuned[0])
     assert json.loads(result.stdout.splitlines()[-1])["num_params"] == model.count_params()  # TINY's sizes
