@@ -18,13 +18,12 @@ import pytest
 
 from trainformer import framework_import
 
-# Each worker imports TensorFlow and Keras once and keeps them: as the command does, with the cycle
-# collector off, and out of its later passes (the tests' own garbage is still collected).
+# The rest of trainformer is imported inside the fixtures: under pytest-xdist this file is loaded
+# by the controller too, which runs no test and would spend seconds importing TensorFlow for
+# nothing (printing its start-up records, since no capture is active there). framework_import
+# imports nothing heavy: each worker imports TensorFlow and Keras as the command does, with the
+# cycle collector off, and keeps them out of its later passes (the tests' garbage is still collected).
 framework_import.install()
-
-# trainformer is imported inside the fixtures: under pytest-xdist this file is loaded by the
-# controller too, which runs no test and would spend seconds importing TensorFlow for nothing
-# (printing its start-up records, since no capture is active there).
 
 
 # The files that take longest (a full run's --durations on 2 cores, most first), dealt to the

@@ -347,7 +347,6 @@ def test_metrics_port_in_use_is_a_one_line_error(tmp_path):
     assert result.returncode == 2 and f"--metrics-port {port}: cannot serve" in result.stderr
 
 
-
 # A verb that imports Keras as train does, reporting what Python's cycle collector is doing.
 COLLECTOR_PROBE = """
 import gc, sys
