@@ -16,7 +16,7 @@ import pytest
 from cli_helpers import CLEAN_ENV, TINY, trainformer
 
 from trainformer import launch as launch_module
-from trainformer.quiet import LineFilter
+from trainformer.quiet import SYNC, LineFilter
 
 ABSL = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 
@@ -92,6 +92,27 @@ def test_the_stderr_filter_passes_real_lines_even_from_a_crashing_process():
     debug = subprocess.run([sys.executable, "-c", FILTERED, "debug"], capture_output=True, text=True, env=CLEAN_ENV,
                            timeout=60)
     assert len(debug.stderr.splitlines()) == 6 and ABSL in debug.stderr
+
+
+# A host process (pytest's capture, a notebook) calls main() in-process, which installs the filter,
+# then points fd 2 back at its own stderr before it exits.
+REPOINTED = """
+import os, sys
+from trainformer.quiet import quiet_tensorflow
+own = os.dup(2)
+quiet_tensorflow(debug=False)
+print("filtered", file=sys.stderr, flush=True)
+os.dup2(own, 2)
+print("the host's own", file=sys.stderr, flush=True)
+"""
+
+
+def test_the_exit_sends_its_marker_only_to_its_own_filter():
+    """The marker that asks the filter to drain (quiet.SYNC) was printed on the host's stderr
+    after pytest's summary, and the exit waited its 2 s for an answer that never came."""
+    result = subprocess.run([sys.executable, "-c", REPOINTED], capture_output=True, env=CLEAN_ENV, timeout=60)
+    assert result.returncode == 0 and SYNC not in result.stderr
+    assert sorted(result.stderr.splitlines()) == [b"filtered", b"the host's own"]  # the filter's line comes when it may
 
 
 # Worker 1's stderr when the chief had finished first (TF 2.21): one record over three lines.

@@ -159,7 +159,7 @@ def install_stderr_filter(level: int) -> bool:
     os.dup2(data_w, 2)  # inheritable: worker processes write through it too
     os.close(data_w)
     _state["installed"] = True
-    atexit.register(_drain, os.getpid(), ack_r)
+    atexit.register(_drain, os.getpid(), _identity(2), ack_r)
     return True
 
 
@@ -215,12 +215,19 @@ def _write(fd: int, data: bytes) -> None:
             return
 
 
-def _drain(owner: int, ack_r: int) -> None:
+def _identity(fd: int) -> tuple[int, int]:
+    stat = os.fstat(fd)
+    return stat.st_dev, stat.st_ino
+
+
+def _drain(owner: int, pipe: tuple[int, int], ack_r: int) -> None:
     """At exit: wait until the filter has written out everything so far (so the shell prompt
     comes after our last line). Later output (interpreter teardown) is still filtered."""
     if os.getpid() != owner:  # a forked child running our atexit hooks
         return
     try:
+        if _identity(2) != pipe:  # fd 2 was pointed elsewhere since (a host process's output capture)
+            return
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:
                 stream.flush()
