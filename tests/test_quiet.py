@@ -112,7 +112,7 @@ def test_the_exit_sends_its_marker_only_to_its_own_filter():
     after pytest's summary, and the exit waited its 2 s for an answer that never came."""
     result = subprocess.run([sys.executable, "-c", REPOINTED], capture_output=True, env=CLEAN_ENV, timeout=60)
     assert result.returncode == 0 and SYNC not in result.stderr
-    assert sorted(result.stderr.splitlines()) == [b"filtered", b"the host's own"]  # the filter's line comes when it may
+    assert b"filtered" in result.stderr and b"the host's own" in result.stderr  # two writers: in any order
 
 
 # Worker 1's stderr when the chief had finished first (TF 2.21): one record over three lines.
