@@ -1,4 +1,5 @@
-"""Running the real `trainformer` command in a subprocess, for end-to-end tests, or its main()
+"""Running the real `trainformer` command in a process of its own, for end-to-end tests (forked
+from this worker's command server when the environment allows: command_server.py), or its main()
 in the test's own process where only what it prints is tested."""
 
 import contextlib
@@ -9,6 +10,8 @@ import re
 import signal
 import subprocess
 import sys
+
+from command_server import CommandServer
 
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 # What a user who just installed trainformer has: TensorFlow's logging is left to trainformer.quiet.
@@ -52,8 +55,17 @@ TRANSLATION = ["en-zh-translate", *TINY, "--set", "model.decoder_layers=1", "--s
                "--set", "tokenizer.vocab_size=2000", "--set", "decode.beam_size=2", "--set", "train.precision=fp32"]
 
 
+# Commands run with ENV are forked from a process that has imported TensorFlow already; any other
+# environment (CLEAN_ENV's log level, a PYTHONPATH) must be in place before the imports, so those
+# start with `python -m trainformer`.
+COMMANDS = CommandServer(ENV)
+
+
 def trainformer(*args, check=True, env=ENV):
-    result = subprocess.run([sys.executable, "-m", "trainformer", *args], capture_output=True, text=True, env=env)
+    if env is ENV:
+        result = COMMANDS.run(list(args), env)
+    else:
+        result = subprocess.run([sys.executable, "-m", "trainformer", *args], capture_output=True, text=True, env=env)
     if check and result.returncode:
         raise AssertionError(f"exit {result.returncode}\n{result.stdout}\n{result.stderr}")
     return result
@@ -79,9 +91,10 @@ def in_process(*args, check=True) -> subprocess.CompletedProcess:
     return result
 
 
-def start(*args, stdout=subprocess.DEVNULL) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "trainformer", *args], env=ENV, stdout=stdout,
-                            stderr=subprocess.DEVNULL, text=True)
+def start(*args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
+    """`trainformer ARGS` running, forked (command_server.ForkedProcess: Popen's methods); stdout
+    and stderr as Popen takes them (stdout=subprocess.PIPE: a text file to read)."""
+    return COMMANDS.popen(list(args), ENV, stdout=stdout, stderr=stderr)
 
 
 def stop_after_first_step(*args) -> str:

@@ -24,6 +24,10 @@ from trainformer import framework_import
 # imports nothing heavy: each worker imports TensorFlow and Keras as the command does, with the
 # cycle collector off, and keeps them out of its later passes (the tests' garbage is still collected).
 framework_import.install()
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    from cli_helpers import COMMANDS
+
+    COMMANDS.start()  # the command server's imports (~5 s) overlap the worker's first tests
 
 
 # The files that take longest (a full run's --durations on 2 cores, most first), dealt to the

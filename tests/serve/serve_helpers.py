@@ -1,12 +1,11 @@
-"""The real `trainformer serve` in a subprocess, for the serve tests."""
+"""The real `trainformer serve` in a process of its own, for the serve tests."""
 
 import re
 import signal
 import subprocess
-import sys
 
 import httpx
-from cli_helpers import ENV
+from cli_helpers import start
 
 START = re.compile(r"serving (\S+) \((\w+), version (\d+)\) on (http://127\.0\.0\.1:\d+)/v1/models/\1"
                    r"(?:, gRPC (127\.0\.0\.1:\d+))?\n")
@@ -17,15 +16,14 @@ def highest(base):
 
 
 class Server:
-    """`trainformer serve ARGS --port 0 --grpc-port 0` in a subprocess; every start line parsed
+    """`trainformer serve ARGS --port 0 --grpc-port 0` in a process of its own; every start line parsed
     (`models`: name -> (task, version, REST model URL)), `root` and `grpc` of the first."""
 
     def __init__(self, *args, log_path, models=1):
         self.log = open(log_path, "w")
         self.log_path = log_path
-        self.process = subprocess.Popen([sys.executable, "-m", "trainformer", "serve", *map(str, args), "--port", "0",
-                                         *([] if "--no-grpc" in args else ["--grpc-port", "0"])],
-                                        env=ENV, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.process = start("serve", *map(str, args), "--port", "0",
+                             *([] if "--no-grpc" in args else ["--grpc-port", "0"]), stdout=subprocess.PIPE, stderr=self.log)
         self.models = {}
         for _ in range(models):  # printed once the ports are bound and every model answers
             line = self.process.stdout.readline()
