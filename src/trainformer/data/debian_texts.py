@@ -12,10 +12,10 @@ from __future__ import annotations
 import gzip
 import re
 import unicodedata
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from trainformer.data.markup import Markup
 from trainformer.errors import NotInstalled, UserError
 
 
@@ -82,16 +82,15 @@ DEBIAN_REFERENCE_FOLDER = "/usr/share/debian-reference"
 PARAGRAPH_TAGS = {"p", "td"}
 
 
-class HtmlParagraphs(HTMLParser):
+class HtmlParagraphs(Markup):
     """The text of every <p> and table cell (<td>: a tool and what it does) of a DocBook HTML page,
     tags dropped and entities unescaped. Command listings (<pre> blocks) are left out."""
 
     def __init__(self):
-        super().__init__(convert_charrefs=True)
         self.paragraphs: list[str] = []
         self.parts: list[str] | None = None  # the <p> being read
 
-    def handle_starttag(self, tag: str, attrs) -> None:
+    def handle_starttag(self, tag: str, attribute_text: str) -> None:
         if tag in PARAGRAPH_TAGS:
             self.parts = []
         elif tag == "br" and self.parts is not None:

@@ -16,12 +16,12 @@ from __future__ import annotations
 import importlib.util
 import re
 from dataclasses import dataclass
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Callable, Iterator
 
 import yaml
 
+from trainformer.data.markup import Markup, attributes
 from trainformer.data.debian_texts import (DEBIAN_REFERENCE_FOLDER, FORTUNE_FOLDER, MANPAGES_LIST,
                                            read_debian_reference, read_fortunes, read_manpages)
 from trainformer.errors import NotInstalled, UserError
@@ -121,7 +121,7 @@ VOID_TAGS = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link",
              "track", "wbr"}
 
 
-class HelpParagraphs(HTMLParser):
+class HelpParagraphs(Markup):
     """The text of every id'd paragraph or heading of one help page, keyed by (id, occurrence).
 
     The page generator gives a paragraph the same id in every language, so keys align across
@@ -133,7 +133,6 @@ class HelpParagraphs(HTMLParser):
     """
 
     def __init__(self):
-        super().__init__(convert_charrefs=True)
         self.texts: dict[tuple[str, int], str] = {}
         self.seen: dict[str, int] = {}
         self.key: tuple[str, int] | None = None  # the element being read
@@ -141,22 +140,24 @@ class HelpParagraphs(HTMLParser):
         self.hidden = 0  # open tags inside a hidden non-default switch case
         self.parts: list[str] = []
 
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+    def handle_starttag(self, tag: str, attribute_text: str) -> None:
         if tag in VOID_TAGS:
             if tag == "br" and self.key:
                 self.parts.append(" ")
             return
         if self.key is None:
-            element_id = dict(attrs).get("id") or ""
-            if tag in TEXT_TAGS and element_id and not element_id.startswith("bm_"):
+            element_id = tag in TEXT_TAGS and dict(attributes(attribute_text)).get("id") or ""
+            if element_id and not element_id.startswith("bm_"):
                 occurrence = self.seen[element_id] = self.seen.get(element_id, -1) + 1
                 self.key, self.depth, self.hidden, self.parts = (element_id, occurrence), 1, 0, []
             return
         self.depth += 1
         if self.hidden:
             self.hidden += 1
-        elif any(name == "hidden" for name, _ in attrs) and dict(attrs).get("class"):
-            self.hidden = 1
+        elif "hidden" in attribute_text:  # most tags have no such attribute: parse only these
+            attrs = attributes(attribute_text)
+            if any(name == "hidden" for name, _ in attrs) and dict(attrs).get("class"):
+                self.hidden = 1
 
     def handle_endtag(self, tag: str) -> None:
         if self.key is None or tag in VOID_TAGS:
