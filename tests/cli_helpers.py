@@ -57,12 +57,12 @@ TRANSLATION = ["en-zh-translate", *TINY, "--set", "model.decoder_layers=1", "--s
 
 # Commands run with ENV are forked from a process that has imported TensorFlow already; any other
 # environment (CLEAN_ENV's log level, a PYTHONPATH) must be in place before the imports, so those
-# start with `python -m trainformer`.
+# start with `python -m trainformer`, as does a command given fork=False.
 COMMANDS = CommandServer(ENV)
 
 
-def trainformer(*args, check=True, env=ENV):
-    if env is ENV:
+def trainformer(*args, check=True, env=ENV, fork=True):
+    if fork and env is ENV:
         result = COMMANDS.run(list(args), env)
     else:
         result = subprocess.run([sys.executable, "-m", "trainformer", *args], capture_output=True, text=True, env=env)

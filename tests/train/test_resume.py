@@ -61,8 +61,10 @@ KILLED = [*DETERMINISTIC, "--set", "train.xla=on"]
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, vocab_args):
+    """Started as a user starts it (`python -m trainformer`): the chain's processes are forked
+    from the tests' command server (command_server.py), and must compute it bitwise."""
     run_dir = tmp_path_factory.mktemp("reference") / "run"
-    trainformer("train", "--run-dir", str(run_dir), *KILLED, *vocab_args)
+    trainformer("train", "--run-dir", str(run_dir), *KILLED, *vocab_args, fork=False)
     return final_state(run_dir)
 
 
