@@ -20,6 +20,7 @@ import atexit
 import os
 import pickle
 import select
+import shutil
 import socket
 import struct
 import subprocess
@@ -170,10 +171,10 @@ class ForkedProcess:
         self.conn.close()
 
 
-def file_descriptor(target, null, stdout: int) -> int:
+def file_descriptor(target, null, stdout: int | None = None) -> int:
     """The descriptor of a Popen stdout/stderr argument: a file, DEVNULL or None (null), or
     subprocess.STDOUT (stderr only: the descriptor `stdout`)."""
-    if target == subprocess.STDOUT:
+    if target == subprocess.STDOUT and stdout is not None:
         return stdout
     return null.fileno() if target in (None, subprocess.DEVNULL) else target.fileno()
 
@@ -197,6 +198,7 @@ class CommandServer:
     def stop(self) -> None:
         self.process.stdin.close()
         self.process.wait(timeout=10)
+        shutil.rmtree(os.path.dirname(self.socket_path), ignore_errors=True)
 
     def popen(self, args: list[str], env: dict, stdout=None, stderr=None) -> ForkedProcess:
         """Fork `trainformer ARGS` with env. stdout and stderr as subprocess.Popen takes them (a
@@ -209,7 +211,7 @@ class CommandServer:
             self.ready = True
         with open(os.devnull, "r+b") as null:
             pipe = os.pipe() if stdout == subprocess.PIPE else None
-            out = pipe[1] if pipe else file_descriptor(stdout, null, -1)
+            out = pipe[1] if pipe else file_descriptor(stdout, null)
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             conn.connect(self.socket_path)
             send_request(conn, args, env, os.getcwd(), [null.fileno(), out, file_descriptor(stderr, null, out)])
