@@ -27,7 +27,7 @@ framework_import.install()
 if os.environ.get("PYTEST_XDIST_WORKER"):
     from cli_helpers import COMMANDS
 
-    COMMANDS.start()  # the command server's imports (~5 s) overlap the worker's first tests
+    COMMANDS.start()  # the command server's imports (5-9 s) overlap the worker's first tests
 
 
 # The files that take longest (a full run's --durations on 2 cores, most first), dealt to the
