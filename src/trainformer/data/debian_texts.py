@@ -123,7 +123,6 @@ def html_paragraphs(pages: list[Path]) -> Iterator[str | None]:
             continue
         parser = HtmlParagraphs()
         parser.feed(html)
-        parser.close()
         yield from parser.paragraphs
 
 

@@ -1,15 +1,16 @@
 """A fast reader of machine-written HTML pages, for the corpora built from them.
 
-html.parser.HTMLParser reads a LibreOffice help page a character state at a time in Python:
-parsing the 2 x 2,561 pages of libreoffice-help-en-zh took ~12 s of a 2-core run's start. Markup
-splits the page with one regular expression instead and calls the same handlers with the same
-events: start tags (names lowercased, their attributes parsed on demand: attributes(), values
-unquoted and unescaped, None for a bare attribute; `<br/>` gives a start and an end), end
-tags, and text between tags with character references unescaped; comments, declarations and processing instructions are skipped, and the
-text of <script> and <style> is passed raw, as HTMLParser does. A `<` that opens no tag is text.
-Malformed markup that HTMLParser repairs in its own way (an unclosed quote, a tag cut by the
-end of the page) is not repaired alike: the pages read with it are generated, and tests check
-that both readers give the same paragraphs on them.
+html.parser.HTMLParser reads a page a character state at a time in Python: parsing the
+2 x 2,561 pages of libreoffice-help-en-zh took ~11 s of a 2-core run's start. Markup splits the
+page with one regular expression instead and calls the same handlers with the same events:
+start tags (names lowercased; their attributes parsed on demand by attributes(), values
+unquoted and unescaped, None for a bare attribute; `<br/>` gives a start and an end), end tags,
+and the text between tags with character references unescaped. Comments, declarations and
+processing instructions are skipped; the text of <script> and <style> is passed raw, as
+HTMLParser does; a `<` that opens no tag is text. Malformed markup that HTMLParser repairs its
+own way (an unclosed quote, a tag cut by the end of the page) is not repaired alike: the pages
+read with it are generated, and tests/data/test_markup.py checks that both readers give the
+same paragraphs on them.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ RAW_TEXT = ("script", "style")  # their text is not markup
 
 class Markup:
     """Subclass it with handle_starttag(tag, attribute_text), handle_endtag(tag) and
-    handle_data(text), then feed(page) once and close(). Unlike html.parser's, a start tag comes
+    handle_data(text), then feed(page) once. Unlike html.parser's, a start tag comes
     with the text of its attributes (`id="a" hidden`): attributes() parses it, for the few tags
     whose attributes matter (most pages' tags are read for their text alone)."""
 
@@ -70,18 +71,11 @@ class Markup:
         if position < len(page):
             self.handle_data(unescape(page[position:]))
 
-    def close(self) -> None:
-        pass
-
 
 def attributes(text: str) -> list[tuple[str, str | None]]:
     """`id="a" hidden class='b'` -> [("id", "a"), ("hidden", None), ("class", "b")]."""
     found = []
     for name, raw in ATTRIBUTE.findall(text):
-        if raw[:1] in ("'", '"'):
-            raw = raw[1:-1]
-        elif not raw:
-            found.append((name.lower(), None))
-            continue
-        found.append((name.lower(), unescape(raw)))
+        value = raw[1:-1] if raw[:1] in ("'", '"') else raw
+        found.append((name.lower(), unescape(value) if raw else None))
     return found

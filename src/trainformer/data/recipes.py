@@ -21,9 +21,9 @@ from typing import Callable, Iterator
 
 import yaml
 
-from trainformer.data.markup import Markup, attributes
 from trainformer.data.debian_texts import (DEBIAN_REFERENCE_FOLDER, FORTUNE_FOLDER, MANPAGES_LIST,
                                            read_debian_reference, read_fortunes, read_manpages)
+from trainformer.data.markup import Markup, attributes
 from trainformer.errors import NotInstalled, UserError
 
 KINDS = ("text", "labelled", "parallel")
@@ -183,7 +183,6 @@ def help_paragraphs(path: Path) -> dict[tuple[str, int], str] | None:
     start = page.find('id="DisplayArea"')  # skip the head and navigation (a third of the parse)
     parser = HelpParagraphs()
     parser.feed(page[start:] if start >= 0 else page)
-    parser.close()
     return parser.texts
 
 
