@@ -3,7 +3,8 @@ trainformer, instead of started with `python -m trainformer`: each command is st
 of its own (its own op determinism, signals, exit status and file descriptors), without the
 ~4 s of imports every new one pays (~70 `train` launches a suite). Those imports start no
 thread of TensorFlow's and run no op, so forking after them is safe (numpy's OpenBLAS pool is
-fork-aware); a command's checkpoints are bitwise those of `python -m trainformer`.
+fork-aware); a command's checkpoints are bitwise those of `python -m trainformer` (the kill -9
+chain's reference run in tests/train/test_resume.py is started that way to check it).
 
 The server is this file run as a script, one per pytest worker (CommandServer). Over a Unix
 socket a client sends one request, a length-prefixed pickle of (args, env, cwd), with the
