@@ -106,9 +106,7 @@ def receive_request(conn: socket.socket) -> tuple[list[str], dict, str, list[int
     data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
     (size,) = struct.unpack("!I", data[:4])
     data = data[4:]
-    while len(data) < size:
-        data += conn.recv(size - len(data))
-    args, env, cwd = pickle.loads(data)
+    args, env, cwd = pickle.loads(data + receive_exactly(conn, size - len(data)))
     return args, env, cwd, fds
 
 
@@ -117,7 +115,7 @@ def receive_exactly(sock: socket.socket, size: int) -> bytes:
     while len(data) < size:
         chunk = sock.recv(size - len(data))
         if not chunk:
-            raise ConnectionError("the command server is gone")
+            raise ConnectionError("the other end of the command socket is gone")
         data += chunk
     return data
 
