@@ -110,7 +110,9 @@ def _supervise(processes: list[subprocess.Popen], out) -> int:
         codes = [process.poll() for process in processes]
         failed = [(index, code) for index, code in enumerate(codes) if code not in (None, 0)]
         if failed:
-            index, code = failed[0]
+            # A worker killed by a signal is the cause; a peer that saw it is gone from a
+            # collective exits with status 1 soon after, maybe before this poll: name the cause.
+            index, code = min(failed, key=lambda failure: failure[1] > 0)
             how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
             _write_line(out, f"launch: worker {index} {how}; stopping the others")
             _stop(processes)

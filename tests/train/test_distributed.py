@@ -131,7 +131,7 @@ def test_a_dead_worker_stops_the_others_and_leaves_no_process(tmp_path, vocab_ar
     os.kill(pids[1], signal.SIGKILL)
     started = time.monotonic()
     output = process.communicate(timeout=120)[0]
-    assert process.returncode == 128 + signal.SIGKILL
+    assert process.returncode == 128 + signal.SIGKILL, output
     assert "worker 1 was killed by SIGKILL; stopping the others" in output
     assert time.monotonic() - started < 60
     for pid in pids:
