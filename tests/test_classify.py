@@ -23,11 +23,13 @@ INTENTS = ["--set", "task.type=classify", *INTENT_SPLIT]
 
 
 # Every fine-tuning key at once (train.keep_best, train.layer_decay, model.pooling,
-# data.input_mask_rate, train.ema, train.rdrop), deterministic with dropout: the kept_best fixture stops a run with these
-# same arguments, resumes it, and compares it with the finetuned fixture bit for bit (one
-# uninterrupted run serves both).
+# data.input_mask_rate, train.ema, train.rdrop, train.noisy_tune), deterministic with dropout: the
+# kept_best fixture stops a run with these same arguments, resumes it, and compares it with the
+# finetuned fixture bit for bit (one uninterrupted run serves both; the resumed run must not
+# draw NoisyTune's noise again).
 FINE_TUNING = ["--set", "train.keep_best=true", "--set", "train.layer_decay=0.8", "--set", "model.pooling=mean",
                "--set", "data.input_mask_rate=0.15", "--set", "train.ema=0.9", "--set", "train.rdrop=1",
+               "--set", "train.noisy_tune=0.15",
                "--set", "train.steps=40", "--set", "train.eval_every=10", "--set", "train.deterministic=true",
                "--set", "model.dropout=0.1", "--set", "train.precision=fp32"]
 
@@ -55,6 +57,7 @@ def test_a_classifier_starts_from_the_pretraining_run(finetuned, intent_pretrain
     assert stderr == ""  # the optimizer and MLM head left behind are not listed as "unrestored values"
     assert f"from model.init_from={intent_pretraining}" in stdout  # its vocabulary
     assert f"encoder: from {intent_pretraining}/checkpoints/ckpt-20" in stdout
+    assert "encoder: each weight tensor + uniform noise of width 0.15 x its standard deviation" in stdout
     vocabulary = (intent_pretraining / "tokenizer" / "vocab.txt").read_text()
     assert (run_dir / "tokenizer" / "vocab.txt").read_text() == vocabulary
     labels = json.loads((run_dir / "labels.json").read_text())

@@ -208,6 +208,9 @@ def test_impossible_values_name_the_key(override, key):
     (["train.rdrop=1"], "train.rdrop: compares a classifier's two predictions of each text; a mlm run"),
     (["task.type=classify", "train.rdrop=1", "model.dropout=0"], "train.rdrop: compares two dropout draws, and "
                                                                   "model.dropout is 0"),
+    (["train.noisy_tune=-0.1", "model.init_from=runs/a"], "train.noisy_tune: must be >= 0"),
+    (["train.noisy_tune=0.15"], "train.noisy_tune: perturbs the weights a run starts from, and model.init_from is "
+                                "empty"),
 ])
 def test_fine_tuning_keys_are_checked(overrides, message):
     assert message in error_of(None, overrides)

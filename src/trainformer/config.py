@@ -148,6 +148,10 @@ class TrainConfig:
     # the top encoder block at x decay, the next at x decay^2, ..., the embeddings at
     # x decay^(num_layers + 1), so the pretrained lower layers move least; 1.0: off
     layer_decay: float = 1.0
+    # with model.init_from: NoisyTune (Wu et al. 2022): before the first step each of the encoder's
+    # weights gets uniform noise of width this x its tensor's standard deviation, so a fine-tune
+    # starts a little off the pretraining's sharp spots (the paper's 0.15); 0: off
+    noisy_tune: float = 0.0
     clip_norm: float = 1.0
     # an exponential moving average of the weights, with this decay per step (Polyak averaging;
     # 0.99 averages over the last ~100 updates), is what evaluations and checkpoints/best read;
@@ -392,6 +396,11 @@ def validate(config: ExperimentConfig, origin: str) -> None:
                           f"(0: no n-grams), got {m.ngram_buckets}")
     if m.max_length < 0:
         raise ConfigError(f"{origin}: model.max_length: must be >= 0 (0: data.seq_len), got {m.max_length}")
+    if t.noisy_tune < 0:
+        raise ConfigError(f"{origin}: train.noisy_tune: must be >= 0 (0: off), got {t.noisy_tune}")
+    if t.noisy_tune and not m.init_from:
+        raise ConfigError(f"{origin}: train.noisy_tune: perturbs the weights a run starts from, and model.init_from "
+                          f"is empty (set it, or train.noisy_tune=0)")
     if t.discriminator_weight < 0:
         raise ConfigError(f"{origin}: train.discriminator_weight: must be >= 0, got {t.discriminator_weight}")
     for key, value in {"model.decoder_layers": m.decoder_layers, "model.generator_layers": m.generator_layers,

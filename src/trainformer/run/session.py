@@ -37,6 +37,7 @@ from trainformer.tasks import task_for
 from trainformer.train.checkpoint import Checkpoints, read_best_record, restore_pretrained, weights_digest
 from trainformer.train.loop import Trainer
 from trainformer.train.monitor import Monitor, format_duration
+from trainformer.train.noisy_tune import perturb
 from trainformer.train.optim import Triangle, make_optimizer
 from trainformer.train.precision import resolved
 from trainformer.train.prometheus import PrometheusExporter
@@ -192,6 +193,10 @@ def start_from_pretrained(config: ExperimentConfig, model: keras.Model, say) -> 
     """A new run's weights from model.init_from: the encoder (and an imported BERT's pooler)
     from its checkpoint; a seq2seq decoder's blocks from that encoder (model.decoder_init)."""
     say(f"encoder: from {restore_pretrained(model, RunDir(Path(config.model.init_from)).checkpoints_dir)}")
+    if config.train.noisy_tune:
+        perturb(model.encoder.trainable_weights, config.train.noisy_tune, config.train.seed)
+        say(f"encoder: each weight tensor + uniform noise of width {config.train.noisy_tune:g} x its standard "
+            f"deviation (train.noisy_tune, NoisyTune)")
     if config.task.type == "seq2seq" and config.model.decoder_init == "encoder":
         model.decoder.warm_start_from(model.encoder)
         say(f"decoder: its {model.decoder.num_layers} blocks start from the encoder's (model.decoder_init=encoder), "
