@@ -233,12 +233,13 @@ def test_stop_sends_sigterm_then_sigkill_after_grace_s(monkeypatch):
     assert 0.9 < took < 4.0, took
 
 
-def test_a_worker_killed_by_a_signal_is_named_over_a_peer_that_exited_after_it(tmp_path):
+def test_a_worker_killed_by_a_signal_is_named_over_a_peer_that_exited_after_it():
     """Worker 1 is killed; the chief, its collective broken, exits 1 before the launcher looks
     again (CI saw this race): the launcher names the kill, the cause, and exits 128 + 9."""
     chief = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
     killed = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
-    chief.wait(), killed.wait()
+    chief.wait()
+    killed.wait()
     out = Recorder()
     assert launch._supervise([chief, killed], out) == 128 + signal.SIGKILL
     assert out.writes == ["launch: worker 1 was killed by SIGKILL; stopping the others\n"]

@@ -149,8 +149,8 @@ class TrainConfig:
     # x decay^(num_layers + 1), so the pretrained lower layers move least; 1.0: off
     layer_decay: float = 1.0
     # with model.init_from: NoisyTune (Wu et al. 2022): before the first step each of the encoder's
-    # weights gets uniform noise of width this x its tensor's standard deviation, so a fine-tune
-    # starts a little off the pretraining's sharp spots (the paper's 0.15); 0: off
+    # weight tensors gets uniform noise of width this x its standard deviation, against the
+    # pretrained weights' overfitting to their pretraining (the paper's 0.15); 0: off
     noisy_tune: float = 0.0
     clip_norm: float = 1.0
     # an exponential moving average of the weights, with this decay per step (Polyak averaging;
