@@ -16,6 +16,7 @@ from trainformer.config import load_config
 from trainformer.data.labelled import load_labelled
 from trainformer.model.heads import build_classifier, build_masked_lm
 from trainformer.run.inference import load_run
+from trainformer.run.session import start_from_pretrained
 from trainformer.run_dir import RunDir, resolve_train_config
 from trainformer.train.checkpoint import Checkpoints, restore_pretrained
 
@@ -181,6 +182,27 @@ def test_restore_pretrained_loads_the_encoder_and_leaves_the_head(tmp_path):
     for before, after in zip(head_before, classifier.head.weights):
         np.testing.assert_array_equal(before, after.numpy())
 
+
+
+def test_noisy_tune_perturbs_the_encoder_a_fine_tune_starts_from_and_leaves_the_head(tmp_path):
+    """session.start_from_pretrained with train.noisy_tune: the encoder is the source's plus
+    noise inside 0.15 / 2 of each tensor's spread; the fresh head is left as built."""
+    config = load_config(None, ["model.d_model=32", "model.num_layers=1", "model.num_heads=2", "model.dff=64",
+                                f"model.init_from={tmp_path}", "train.noisy_tune=0.15"])
+    keras.utils.set_random_seed(1)
+    masked_lm = build_masked_lm(config.model, 100, 32)
+    Checkpoints(tmp_path / "checkpoints", 1, model=masked_lm, step=tf.Variable(0, dtype=tf.int64)).save(3)
+    classifier = build_classifier(config.model, 100, 32, num_labels=3)
+    head_before = [w.numpy() for w in classifier.head.weights]
+    said = []
+    start_from_pretrained(config, classifier, said.append)
+    assert "train.noisy_tune, NoisyTune" in said[-1]
+    for ours, theirs in zip(classifier.encoder.weights, masked_lm.encoder.weights):
+        spread, moved = theirs.numpy().std(), np.abs(ours.numpy() - theirs.numpy()).max()
+        assert moved <= 0.15 / 2 * spread * 1.0001, ours.path
+        assert (moved > 0) == (spread > 0), ours.path  # a tensor all alike (a fresh bias) has no spread to scale
+    for before, after in zip(head_before, classifier.head.weights):
+        np.testing.assert_array_equal(before, after.numpy())
 
 # --- train.distill_from: a student of the finetuned run -------------------------------------------
 

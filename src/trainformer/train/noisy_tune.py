@@ -16,6 +16,6 @@ def perturb(variables: list, scale: float, seed: int) -> None:
     and the variables' order are theirs alike)."""
     rng = np.random.default_rng(seed)
     for variable in variables:
-        value = np.asarray(variable.numpy())
+        value = variable.numpy()
         noise = rng.uniform(-0.5, 0.5, value.shape) * scale * value.std()
         variable.assign((value + noise).astype(value.dtype))
