@@ -6,9 +6,9 @@ have bf16 tensor cores, older ones only fp16 ones; TPUs compute in bf16 natively
 
 The instructions are not the whole story: a 2-core Xeon VM listing AVX512-BF16 (no AMX) ran
 bf16 matmuls at 0.65x fp32 and trained zh-bert-small 30% faster in fp32 (issue 21). So a CPU
-with bf16 instructions times one matmul both ways (half a second, once per process) and bf16
-must win by BF16_MIN_SPEEDUP. A machine near that ratio could resolve differently in two
-processes; set train.precision to pin it.
+with bf16 instructions times one matmul both ways (half a second, once per process; up to
+PROBES times while bf16 reads slow) and bf16 must win by BF16_MIN_SPEEDUP. A machine near that
+ratio could resolve differently in two processes; set train.precision to pin it.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 BF16_CPU_FEATURES = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of CPUs with bf16 dot products
 BF16_GPU_CAPABILITY = (8, 0)  # Ampere: the first GPUs with bf16 tensor cores
 BF16_MIN_SPEEDUP = 1.1  # bf16 over fp32 matmul throughput a CPU must show: bf16 also costs casts
+PROBES = 3  # readings a CPU below BF16_MIN_SPEEDUP gets before it trains in fp32 (best_of_probes)
 
 
 def read_cpuinfo() -> str:
@@ -82,7 +83,23 @@ def cpu_bf16_speedup(size: int = 1024, rounds: int = 10) -> float:
     # imported here, as TensorFlow is in resolve_precision
     from trainformer.train.peak import relative_speed
 
-    return relative_speed("bf16", "fp32", size, rounds)
+    return best_of_probes(lambda: relative_speed("bf16", "fp32", size, rounds), BF16_MIN_SPEEDUP, PROBES)
+
+
+def best_of_probes(probe: Callable[[], float], enough: float, tries: int) -> float:
+    """The best of up to `tries` readings of probe(), stopping at the first that reaches `enough`.
+
+    Another process busy on the same cores pulls the bf16/fp32 reading toward 1, never above
+    the truth: on a 2-core Zen 4 that reads 1.85-1.99x, a probe taken while another run was
+    writing its last checkpoint read 1.06x, and that fine-tune ran in fp32 at half the speed
+    (issue 21, pass 42). A CPU where bf16 truly loses reads low every time (the Xeon VM:
+    0.65-1.07x) and pays the extra probes, half a second each, once per process."""
+    best = probe()
+    for _ in range(tries - 1):
+        if best >= enough:
+            break
+        best = max(best, probe())
+    return best
 
 
 def resolved(config):
