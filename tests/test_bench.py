@@ -15,7 +15,7 @@ from keras import ops
 from trainformer.config import load_config
 from trainformer.data.pipeline import pack, tokenize_documents, train_dataset
 from trainformer.model.layers import TransformerEncoderBlock
-from trainformer.ops.bench import NonPadCounter, time_steps, traced_note
+from trainformer.ops.bench import NonPadCounter, time_steps, traced_note, typical_step
 from trainformer.ops.flops import train_flops_per_step
 from trainformer.tasks.mlm import MaskedLMTask, masked_lm_sums
 from trainformer.train.loop import Trainer
@@ -174,3 +174,18 @@ def test_unstacked_heads_train_like_sliced_heads(tokenizer, corpus, monkeypatch)
     plain = fifty_step_losses(tokenizer, corpus)
     assert fast == pytest.approx(plain, rel=LOSS_TOLERANCE)
     assert fast[-1] < fast[0]  # it trained
+
+
+def test_the_rates_of_length_bucketed_batches_come_from_the_mean_step():
+    # A run's time is the sum of its steps: with long buckets 5x the short ones' step, a median
+    # would promise a length-bucketed fine-tune twice the examples/s it trains at.
+    steps = [0.4, 0.4, 0.4, 2.0]
+    assert typical_step(steps, shapes_vary=True) == ("mean", pytest.approx(0.8))
+    assert typical_step(steps, shapes_vary=False) == ("median", 0.4)  # one shape: a slow step is noise
+
+    def timed(*widths):  # the first two widths are the warm-up steps'
+        batches = NonPadCounter(iter([({"padding_mask": tf.ones((2, w), tf.bool)}, {}) for w in widths]))
+        return time_steps(OneBatchASteps(), batches, warmup=2, steps=len(widths) - 2)
+
+    assert not timed(16, 16, 16, 16)["shapes_vary"]
+    assert timed(16, 32, 16, 32, 16)["shapes_vary"]
