@@ -89,11 +89,11 @@ def cpu_bf16_speedup(size: int = 1024, rounds: int = 10) -> float:
 def best_of_probes(probe: Callable[[], float], enough: float, tries: int) -> float:
     """The best of up to `tries` readings of probe(), stopping at the first that reaches `enough`.
 
-    Another process busy on the same cores pulls the bf16/fp32 reading toward 1, never above
-    the truth: on a 2-core Zen 4 that reads 1.85-1.99x, a probe taken while another run was
-    writing its last checkpoint read 1.06x, and that fine-tune ran in fp32 at half the speed
-    (issue 21, pass 42). A CPU where bf16 truly loses reads low every time (the Xeon VM:
-    0.65-1.07x) and pays the extra probes, half a second each, once per process."""
+    Another process busy on the same cores can pull the bf16/fp32 reading down: on a 2-core
+    Zen 4 that reads 1.82-1.99x, a probe taken while another run wrote its last checkpoint read
+    1.06x, and that fine-tune ran in fp32 at 0.6x the speed (docs/measured.md). A CPU where bf16
+    truly loses reads low every time (the Xeon VM: 0.65-1.07x) and pays the extra probes, half a
+    second each, once per process."""
     best = probe()
     for _ in range(tries - 1):
         if best >= enough:
