@@ -54,7 +54,7 @@ def assert_rates_follow_from_the_step_time(r: dict) -> None:
     def close(printed, expected, printed_abs):
         return abs(printed - expected) <= printed_abs + expected * step_rounding + 1e-9
 
-    assert (r["steps"], r["seq_len"]) == (3, 32)
+    assert (r["steps"], r["seq_len"]) == (3, 32) and r["step_statistic"] == "median"  # one batch shape
     assert close(r["tokens_per_s"], 16 * 32 / seconds, 0.05)
     assert close(r["examples_per_s"], 16 / seconds, 0.05)
     gflop = train_flops_per_step(load_config(None, TINY[1::2]).model, r["vocab_size"], 16, 32, 0.15) / 1e9
