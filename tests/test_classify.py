@@ -183,7 +183,6 @@ def test_restore_pretrained_loads_the_encoder_and_leaves_the_head(tmp_path):
         np.testing.assert_array_equal(before, after.numpy())
 
 
-
 def test_noisy_tune_perturbs_the_encoder_a_fine_tune_starts_from_and_leaves_the_head(tmp_path):
     """session.start_from_pretrained with train.noisy_tune: the encoder is the source's plus
     noise inside 0.15 / 2 of each tensor's spread; the fresh head is left as built."""
@@ -203,6 +202,7 @@ def test_noisy_tune_perturbs_the_encoder_a_fine_tune_starts_from_and_leaves_the_
         assert (moved > 0) == (spread > 0), ours.path  # a tensor all alike (a fresh bias) has no spread to scale
     for before, after in zip(head_before, classifier.head.weights):
         np.testing.assert_array_equal(before, after.numpy())
+
 
 # --- train.distill_from: a student of the finetuned run -------------------------------------------
 
