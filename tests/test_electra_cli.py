@@ -25,6 +25,7 @@ def test_an_electra_run_reports_detection(electra_run):
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     final = [m for m in metrics if m.get("split") == "valid"][-1]
     assert 0 < final["detection_baseline"] < 1 and 0 <= final["detection_accuracy"] <= 1
+    assert "warning: the discriminator" in stdout  # 10 steps teach it nothing, and the run says so
 
 
 def test_a_classifier_fine_tunes_from_the_discriminator_and_predict_refuses_the_pretraining_run(electra_run, tmp_path):

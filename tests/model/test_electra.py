@@ -8,7 +8,7 @@ import tensorflow as tf
 from trainformer.config import ModelConfig
 from trainformer.model.electra import NUM_SPECIAL, Electra, ReplaceMasked, sample_tokens
 from trainformer.model.heads import build_classifier, build_encoder
-from trainformer.tasks.electra import electra_sums
+from trainformer.tasks.electra import ElectraTask, electra_sums
 from trainformer.tokens import CLS_ID, MASK_ID, PAD_ID, SEP_ID
 
 VOCAB = 40
@@ -67,6 +67,14 @@ def test_the_loss_is_the_generators_plus_the_weighted_mean_detection_loss():
     np.testing.assert_allclose(float(sums["loss_sum"]) / 3, generator + 50 * detection, rtol=1e-5)
     hits = ((detection_logits > 0) == (replaced > 0)) & padding_mask
     assert float(sums["detection_correct"]) == hits.sum()
+
+
+def test_the_result_warns_when_the_discriminator_barely_beats_answering_original():
+    final = {"detection_accuracy": 0.7736, "detection_baseline": 0.7668, "detection_loss": 0.5,
+             "masked_accuracy": 0.34, "baseline_accuracy": 0.05, "num_targets": 1000}
+    assert "warning: the discriminator" in ElectraTask.result_lines(final)[-1]
+    learned = {**final, "detection_accuracy": 0.90}
+    assert not any("warning" in line for line in ElectraTask.result_lines(learned))
 
 
 @pytest.fixture(scope="module")

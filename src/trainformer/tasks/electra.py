@@ -21,6 +21,11 @@ from trainformer.tasks import dtype_policy
 from trainformer.tasks.mlm import MaskedLMTask, masked_lm_sums
 
 
+# A discriminator this close to the constant answer has learned next to nothing: every pilot and full
+# run of zh-bert-small stayed within 0.7 points of it (benchmarks/classify/README.md, 10th and 43rd passes).
+LEARNED_LITTLE = 0.01
+
+
 def generator_layers(config) -> int:
     """model.generator_layers, or a third of the encoder's layers (at least one): ELECTRA's
     best generators are 1/4-1/2 of the discriminator's size."""
@@ -95,10 +100,18 @@ class ElectraTask(MaskedLMTask):
 
     @staticmethod
     def result_lines(final: dict) -> list[str]:
-        return [f"replaced-token detection accuracy {final['detection_accuracy']:.2%} vs all-original "
-                f"{final['detection_baseline']:.2%}, loss {final['detection_loss']:.4f}",
-                f"generator masked-token accuracy {final['masked_accuracy']:.2%} vs most-frequent-token baseline "
-                f"{final['baseline_accuracy']:.2%}, on {final['num_targets']:,} masked tokens"]
+        lines = [f"replaced-token detection accuracy {final['detection_accuracy']:.2%} vs all-original "
+                 f"{final['detection_baseline']:.2%}, loss {final['detection_loss']:.4f}",
+                 f"generator masked-token accuracy {final['masked_accuracy']:.2%} vs most-frequent-token baseline "
+                 f"{final['baseline_accuracy']:.2%}, on {final['num_targets']:,} masked tokens"]
+        lead = final["detection_accuracy"] - final["detection_baseline"]
+        if lead < LEARNED_LITTLE:
+            # Said at the end because nothing else would: the encoder is what init_from takes.
+            lines.append(f"warning: the discriminator, the encoder a fine-tune starts from, leads answering "
+                         f"\"original\" everywhere by {lead:+.2%} only: it learned little in these steps. On "
+                         f"CPU budgets masked-LM (task.type=mlm) pretrained better (benchmarks/classify/README.md, "
+                         f"\"forty-third pass\")")
+        return lines
 
     def serving(self, model: keras.Model):
         raise UserError("an electra run pretrains an encoder and has no answers to serve: fine-tune from it "
