@@ -133,10 +133,10 @@ class TrainConfig:
     batch_tokens: int = 4096  # seq2seq: padded source + target tokens per micro-batch (rows vary with length)
     label_smoothing: float = 0.0  # seq2seq, classify: share of each training target's probability spread over every token or label
     # electra: the replaced-token loss's weight beside the generator's (ELECTRA's 50). The two share
-    # the token embedding, which at 50 follows the discriminator: the tenth pass' generator stayed on
-    # the unigram plateau there and left it at 1; since the triangle and rotary positions it leaves
-    # it at 50 too, and in every run the discriminator stayed within 0.7 points of answering
-    # "original" everywhere (benchmarks/classify/README.md, "tenth pass", "forty-third pass")
+    # the token embedding. At 50 the tenth pass' generator stayed on the unigram plateau (1 left it);
+    # on today's recipe (triangle, rotary positions) it leaves it at 50 too. Either way the
+    # discriminator stayed within ~0.7 points of answering "original" everywhere in our CPU minutes
+    # (benchmarks/classify/README.md, "tenth pass", "forty-third pass")
     discriminator_weight: float = 50.0
     accumulate: int = 1  # micro-batches per update: one update sees accumulate x batch_size windows
     learning_rate: float = 1e-3

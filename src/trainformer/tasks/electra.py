@@ -22,7 +22,7 @@ from trainformer.tasks.mlm import MaskedLMTask, masked_lm_sums
 
 
 # A discriminator this close to the constant answer has learned next to nothing: every pilot and full
-# run of zh-bert-small stayed within 0.7 points of it (benchmarks/classify/README.md, 10th and 43rd passes).
+# run of zh-bert-small stayed within ~0.7 points of it (benchmarks/classify/README.md, 10th and 43rd passes).
 LEARNED_LITTLE = 0.01
 
 
